@@ -1,0 +1,3 @@
+"""specgen: faster local LLM generation on MLX with model-free (n-gram) speculative decoding."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,160 @@
+"""The `specgen` command line: wiring only; the work is done by the library modules."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+
+from . import defaults, registry
+from .errors import SpecgenError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Faster local LLM generation on MLX with model-free (n-gram) speculative decoding.",
+)
+
+EXIT_ERROR, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 130, 141
+
+
+def _fail(message: str, code: int = EXIT_ERROR):
+    sys.stderr.write(f"specgen: error: {message}\n")
+    raise typer.Exit(code)
+
+
+def cli_errors(command):
+    """Turn library errors into one line and exit 1; Ctrl-C into 130; a closed pipe into 141."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except SpecgenError as e:
+            if os.environ.get("SPECGEN_DEBUG") == "1":
+                traceback.print_exc()
+            _fail(str(e))
+        except KeyboardInterrupt:
+            sys.stderr.write("specgen: interrupted\n")
+            raise typer.Exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            # The reader (e.g. `head`) is gone: stop quietly, and keep Python's exit-time flush quiet.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(EXIT_BROKEN_PIPE)
+        except (typer.Exit, click.exceptions.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as e:  # anything unforeseen still gets one line, not a traceback
+            if os.environ.get("SPECGEN_DEBUG") == "1":
+                traceback.print_exc()
+            _fail(f"{type(e).__name__}: {e} (set SPECGEN_DEBUG=1 for the traceback)")
+
+    return wrapper
+
+
+def user_models_file() -> Path:
+    """The user's own models.toml, in specgen's config directory."""
+    return Path(click.get_app_dir("specgen")) / "models.toml"
+
+
+def _resolve_model(name: str):
+    return registry.resolve(name, registry.load_registry(user_models_file()))
+
+
+@app.command()
+@cli_errors
+def run(
+    prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' or piped input reads stdin.", show_default=False),
+    model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
+                              help="Alias from models.toml, Hugging Face repo id, or local folder."),
+    file: Optional[str] = typer.Option(None, "-f", "--file", help="Read the prompt from a file ('-' = stdin).", show_default=False),
+    max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens to generate."),
+    draft: int = typer.Option(defaults.DRAFT_LEN, "--draft", help="Drafted tokens per step; 0 = plain decoding."),
+    ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
+    window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
+    raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="System message (chat template only).", show_default=False),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object with text and stats instead of streaming."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No live stats, summary or notices on stderr."),
+    color: bool = typer.Option(False, "--color", help="Colour the text that came from accepted drafts."),
+):
+    """Generate text from a prompt, speculating with an n-gram predictor."""
+    from .decode import Prefilled, check_settings, generate
+    from .display import TextView
+    from .predictor import NGramPredictor
+    from .prompts import encode_prompt, read_prompt
+    from .stats import RunStats
+
+    check_settings(max_tokens=max_tokens, draft=draft)
+    predictor = NGramPredictor(max_order=ngram_order, window=window)
+    text = read_prompt(prompt, file, sys.stdin)
+    loaded = registry.load(_resolve_model(model))
+    ids = encode_prompt(loaded.tokenizer, text, chat=loaded.spec.chat_template and not raw, system=system)
+    stats = RunStats(model=loaded.spec.name, draft_mode=f"fixed {draft}")
+    events = generate(loaded.model, ids, predictor=predictor, draft=draft, max_tokens=max_tokens,
+                      stop_tokens=loaded.stop_ids, context_length=loaded.context_length)
+
+    def notice(message: str):
+        if not quiet:
+            sys.stderr.write(f"specgen: {message}\n")
+
+    interrupted = False
+    view = TextView(loaded.tokenizer, sys.stdout, sys.stderr, stream=not json_out,
+                    live=not quiet, color=color)
+    with view:
+        try:
+            for event in events:
+                stats.observe(event)
+                if isinstance(event, Prefilled):
+                    if event.speculation != "on" and draft > 0:
+                        notice(f"speculation {event.speculation}; decoding plainly")
+                    continue
+                if event.notice:
+                    notice(event.notice)
+                view.show(event, stats)
+        except KeyboardInterrupt:
+            interrupted = True
+            stats.stop_reason = "interrupted"
+        out_text = view.finish()
+    if json_out:
+        sys.stdout.write(json.dumps({"text": out_text, **stats.to_dict()}) + "\n")
+    elif not quiet:
+        sys.stderr.write(stats.summary() + "\n")
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+@app.command()
+@cli_errors
+def models(json_out: bool = typer.Option(False, "--json", help="Print the aliases as JSON.")):
+    """List the model aliases (packaged models.toml plus your own)."""
+    user_file = user_models_file()
+    aliases = registry.load_registry(user_file)
+    if json_out:
+        rows = [{"alias": s.name, "model": s.source, "description": s.description} for s in aliases.values()]
+        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("alias", "model", "description", box=None)
+    for spec in aliases.values():
+        table.add_row(spec.name, spec.source, spec.description)
+    console = Console(highlight=False)
+    console.print(table)
+    console.print(f"\nYour own aliases: {user_file}" + ("" if user_file.exists() else " (not created yet)"),
+                  style="dim", markup=False)
+
+
+def main():  # the console script
+    # Die quietly on SIGPIPE-like conditions handled above; keep Ctrl-C as KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    app()

@@ -1,0 +1,97 @@
+"""Showing a generation: text to stdout as it comes, live stats on stderr when it is a terminal.
+
+When stdout and stderr are both terminals, one rich Live view holds the line being written above
+a stats footer, and finished lines scroll up above it, so neither overwrites the other.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from .decode import Step
+from .stats import RunStats
+
+DRAFT_STYLE = "cyan"  # --color: text that came from accepted drafts
+
+
+class TextView:
+    """Detokenizes steps (mlx-lm's streaming detokenizer: whole UTF-8 characters only) and shows them."""
+
+    def __init__(self, tokenizer, stdout: TextIO, stderr: TextIO, *, stream: bool, live: bool,
+                 color: bool):
+        self._detok = tokenizer.detokenizer
+        self._detok.reset()
+        self._stdout = stdout
+        self._stream = stream
+        both_tty = stdout.isatty() and stderr.isatty()
+        self._color = color and stdout.isatty()
+        self._out = Console(file=stdout, highlight=False, markup=False, emoji=False,
+                            no_color=not self._color)
+        self._line = Text()  # the unfinished line, in the Live view when both are terminals
+        self._live = None
+        self._in_live = live and both_tty and stream
+        if live and stderr.isatty():
+            console = self._out if self._in_live else Console(file=stderr, highlight=False)
+            self._live = Live(console=console, transient=True, refresh_per_second=8,
+                              redirect_stdout=False, redirect_stderr=False)
+
+    def __enter__(self):
+        if self._live:
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._live:
+            self._live.stop()
+        return False
+
+    def show(self, step: Step, stats: RunStats) -> None:
+        """Add a step's tokens to the text, and refresh the footer."""
+        for i, token in enumerate(step.tokens):
+            self._detok.add_token(token)
+            self._emit(self._detok.last_segment, DRAFT_STYLE if i < step.accepted else None)
+        if self._live:
+            status = Text(stats.status_line(), style="dim")
+            self._live.update(Group(self._line, status) if self._in_live else status)
+
+    def finish(self) -> str:
+        """Flush what the detokenizer held back, end the output with a newline; return the text."""
+        self._detok.finalize()
+        self._emit(self._detok.last_segment, None)
+        if self._live:
+            self._live.stop()
+        text = self._detok.text
+        if self._stream:
+            if self._in_live:
+                self._out.print(self._line, end="", soft_wrap=True)
+            if text and not text.endswith("\n"):
+                self._stdout.write("\n")
+            self._stdout.flush()
+        return text
+
+    def _emit(self, segment: str, style: str | None) -> None:
+        if not segment or not self._stream:
+            return
+        if not self._in_live:
+            if self._color and style:
+                self._out.print(Text(segment, style=style), end="", soft_wrap=True)
+            else:
+                self._stdout.write(segment)
+            self._stdout.flush()
+            return
+        # Finished lines go above the Live view; the unfinished one stays inside it.
+        *done, rest = segment.split("\n")
+        for part in done:
+            self._line.append(part, style)
+            self._live.console.print(self._line, soft_wrap=True)
+            self._line = Text()
+        self._line.append(rest, style)
+        width = self._out.width
+        if len(self._line) > 4 * width:  # keep the Live view short: move whole rows up
+            cut = len(self._line) - len(self._line) % width - width
+            self._live.console.print(self._line[:cut], soft_wrap=True)
+            self._line = self._line[cut:]

@@ -1,0 +1,111 @@
+"""The n-gram draft predictor: FNV-1a-hashed frequency tables over a sliding token window.
+
+For each order k (MIN_ORDER..MAX_ORDER) a table maps the hash of the k-1 preceding tokens to the
+counts of the token that followed them. Drafting tries the longest context first and chains its
+own predictions, stopping at the first position where no table knows the context.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable
+
+from . import defaults
+from .errors import InputError
+
+FNV_OFFSET = 14695981039346656037
+FNV_PRIME = 1099511628211
+_MASK = (1 << 64) - 1
+
+
+def fnv1a_64(tokens: Iterable[int]) -> int:
+    """FNV-1a 64-bit over a sequence of token ids: per id, xor it in, then multiply (mod 2^64).
+
+    For ids below 256 this equals byte-wise FNV-1a of those bytes, so the standard test vectors apply.
+    """
+    h = FNV_OFFSET
+    for t in tokens:
+        h = ((h ^ t) * FNV_PRIME) & _MASK
+    return h
+
+
+class NGramPredictor:
+    """Drafts the next tokens from n-gram statistics of everything it has been fed.
+
+    `window` bounds the history that contexts are read from; the tables keep every count.
+    """
+
+    def __init__(
+        self,
+        max_order: int = defaults.MAX_ORDER,
+        window: int = defaults.WINDOW,
+        min_order: int = defaults.MIN_ORDER,
+    ):
+        if not 2 <= min_order <= max_order:
+            raise InputError(f"n-gram order must be at least {max(min_order, 2)} (got {max_order})")
+        if window < 1:
+            raise InputError(f"window must be at least 1 token (got {window})")
+        self.max_order = max_order
+        self.min_order = min_order
+        self.window = window
+        # Longest context first; each table: hash(context) -> [best token, best count, {token: count}].
+        self._orders = list(range(max_order, min_order - 1, -1))
+        self._tables: dict[int, dict[int, list]] = {k: {} for k in self._orders}
+        self._history: deque[int] = deque(maxlen=window)
+
+    @property
+    def history(self) -> list[int]:
+        """The tokens currently inside the window, oldest first."""
+        return list(self._history)
+
+    def update(self, token: int) -> None:
+        """Count `token` as the continuation of every context ending at the current position."""
+        hist = self._history
+        n = len(hist)
+        for k in self._orders:
+            if n < k - 1:
+                continue
+            ctx = [hist[i] for i in range(n - k + 1, n)]
+            table = self._tables[k]
+            key = fnv1a_64(ctx)
+            entry = table.get(key)
+            if entry is None:
+                table[key] = [token, 1, {token: 1}]
+                continue
+            counts = entry[2]
+            c = counts.get(token, 0) + 1
+            counts[token] = c
+            # Ties go to the most recently seen token, which is this one.
+            if c >= entry[1]:
+                entry[0] = token
+                entry[1] = c
+        hist.append(token)
+
+    def update_batch(self, tokens: Iterable[int]) -> None:
+        """Feed several tokens in order (e.g. the prompt, to seed the tables)."""
+        for t in tokens:
+            self.update(t)
+
+    def lookup(self, context: list[int]) -> int | None:
+        """The most frequent continuation of `context`, longest order first; None if unseen."""
+        n = len(context)
+        for k in self._orders:
+            if n < k - 1:
+                continue
+            entry = self._tables[k].get(fnv1a_64(context[n - k + 1 :]))
+            if entry is not None:
+                return entry[0]
+        return None
+
+    def predict(self, n: int) -> list[int]:
+        """Up to `n` drafted tokens, each predicted from the history extended by the ones before it."""
+        hist = self._history
+        ctx = [hist[i] for i in range(max(0, len(hist) - self.max_order + 1), len(hist))]
+        out: list[int] = []
+        for _ in range(n):
+            tok = self.lookup(ctx)
+            if tok is None:
+                break
+            out.append(tok)
+            ctx.append(tok)
+        return out

@@ -1,0 +1,146 @@
+"""Model aliases (models.toml) and model loading through mlx-lm's loader."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from .errors import ConfigError, ModelError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+BUNDLED_PREFIX = "bundled:"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_CONTEXT_KEYS = ("max_position_embeddings", "n_ctx", "max_seq_len", "seq_length")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What `-m` resolved to: a repo id or local folder, plus how to run it well."""
+
+    name: str
+    source: str
+    description: str = ""
+    stop_tokens: tuple = ()
+    chat_template: bool = True
+    context_length: int | None = None
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model with its mlx-lm tokenizer wrapper and what generation needs to know."""
+
+    spec: ModelSpec
+    model: object
+    tokenizer: object
+    context_length: int | None
+    stop_ids: frozenset = field(default_factory=frozenset)
+
+
+def packaged_models_file() -> Path:
+    """The models.toml that ships with specgen (package data in a wheel, the repo root in a checkout)."""
+    packaged = Path(str(resources.files("specgen"))) / "models.toml"
+    return packaged if packaged.is_file() else Path(__file__).resolve().parent.parent / "models.toml"
+
+
+def bundled_path(name: str) -> Path:
+    """The folder of a model shipped inside the package."""
+    return Path(str(resources.files("specgen"))) / "bundled" / name
+
+
+def read_models_file(path: Path) -> dict[str, ModelSpec]:
+    """Parse one models.toml into aliases; a malformed file raises ConfigError naming the problem."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read {path}: {e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from e
+    aliases = {}
+    for name, entry in data.items():
+        where = f"{path}: alias '{name}'"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a table ([{name}])")
+        unknown = set(entry) - {"model", "description", "stop_tokens", "chat_template", "context_length"}
+        if unknown:
+            raise ConfigError(f"{where} has unknown key(s): {', '.join(sorted(unknown))}")
+        source = entry.get("model")
+        if not isinstance(source, str) or not source:
+            raise ConfigError(f"{where} needs model = \"<repo id or folder>\"")
+        stops = entry.get("stop_tokens", [])
+        if not isinstance(stops, list) or not all(isinstance(s, (str, int)) for s in stops):
+            raise ConfigError(f"{where}: stop_tokens must be a list of token strings or ids")
+        template = entry.get("chat_template", True)
+        if not isinstance(template, bool):
+            raise ConfigError(f"{where}: chat_template must be true or false")
+        ctx = entry.get("context_length")
+        if ctx is not None and (not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 2):
+            raise ConfigError(f"{where}: context_length must be an integer >= 2")
+        if source.startswith(("./", "../", "~")):
+            source = str((path.parent / Path(source).expanduser()).resolve())
+        aliases[name] = ModelSpec(name, source, str(entry.get("description", "")),
+                                  tuple(stops), template, ctx)
+    return aliases
+
+
+def load_registry(user_file: Path | None = None) -> dict[str, ModelSpec]:
+    """The packaged aliases, overridden and extended by the user's models.toml if it exists."""
+    aliases = read_models_file(packaged_models_file())
+    if user_file is not None and user_file.exists():
+        aliases.update(read_models_file(user_file))
+    return aliases
+
+
+def resolve(name: str, aliases: dict[str, ModelSpec]) -> ModelSpec:
+    """Turn `-m NAME` into a ModelSpec: an alias, an existing folder, or a Hugging Face repo id."""
+    if name in aliases:
+        return aliases[name]
+    if Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return ModelSpec(name, str(Path(name).expanduser()) if name.startswith("~") else name)
+    if _REPO_ID.match(name):
+        return ModelSpec(name, name)
+    raise ModelError(f"unknown model alias '{name}' (known: {', '.join(sorted(aliases))})")
+
+
+def _context_length(config: dict) -> int | None:
+    for cfg in (config, config.get("text_config") or {}):
+        for key in _CONTEXT_KEYS:
+            if isinstance(cfg.get(key), int):
+                return cfg[key]
+    return None
+
+
+def load(spec: ModelSpec) -> LoadedModel:
+    """Load a model and tokenizer with mlx_lm.load, turning every failure into a one-line ModelError."""
+    import mlx_lm  # deferred: importing mlx-lm costs a second that `specgen models` need not pay
+
+    source = spec.source
+    if source.startswith(BUNDLED_PREFIX):
+        source = str(bundled_path(source[len(BUNDLED_PREFIX):]))
+    local = Path(source)
+    is_repo = not local.exists() and _REPO_ID.match(source) is not None
+    if not is_repo:
+        if not local.exists():
+            raise ModelError(f"no such model folder: {source}")
+        if not (local / "config.json").is_file():
+            raise ModelError(f"{source} is not a model folder (no config.json in it)")
+    try:
+        model, tokenizer, config = mlx_lm.load(source, return_config=True)
+    except Exception as e:  # mlx-lm and huggingface_hub raise many types; each becomes one line
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if is_repo and type(e).__module__.startswith("huggingface_hub"):
+            raise ModelError(f"cannot download '{source}' from Hugging Face (offline?): {reason}") from e
+        raise ModelError(f"cannot load model '{spec.name}': {reason}") from e
+    for stop in spec.stop_tokens:
+        try:
+            tokenizer.add_eos_token(str(stop))
+        except ValueError as e:
+            raise ModelError(f"stop token {stop!r} of '{spec.name}' is not in its vocabulary") from e
+    return LoadedModel(spec, model, tokenizer, spec.context_length or _context_length(config),
+                       frozenset(tokenizer.eos_token_ids))
