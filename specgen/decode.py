@@ -160,7 +160,7 @@ def generate(
             pos = len(history)  # absolute position of the token this step emits first
             room = min(draft, len(prompt) + max_tokens - pos - 1)
             if context_length is not None:
-                room = min(room, context_length - pos)
+                room = min(room, context_length - pos - 1)  # the step emits room + 1 tokens
             notice = None
             if limit is not None and limit - pos - 1 < room:
                 room = max(limit - pos - 1, 0)

@@ -1,0 +1,89 @@
+"""Shared fixtures: the bundled stories260K model, tiny random-weight models, a scripted fake model."""
+
+import importlib
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import KVCache
+
+from specgen import registry
+from specgen.decode import Prefilled, Step, generate
+
+DATA = Path(__file__).parent / "data"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+# Tiny configs of architectures mlx-lm supports; gemma3_text has sliding-window (rotating) caches,
+# mamba has state-space caches that cannot be rolled back.
+TINY = {
+    "llama": dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
+                  tie_word_embeddings=False),
+    "qwen2": dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=512,
+                  tie_word_embeddings=True),
+    "phi3": dict(model_type="phi3", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                 num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5, vocab_size=512),
+    "gemma3_text": dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=2,
+                        intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, rms_norm_eps=1e-6, vocab_size=512, sliding_window=64,
+                        sliding_window_pattern=2),
+    "mamba": dict(model_type="mamba", vocab_size=512, hidden_size=64, intermediate_size=128,
+                  state_size=8, num_hidden_layers=2, conv_kernel=4, use_bias=False,
+                  use_conv_bias=True, time_step_rank=8, tie_word_embeddings=True),
+}
+
+
+def tiny_model(arch: str, seed: int = 0):
+    """A random-weight model of `arch` (deterministic for a seed)."""
+    module = importlib.import_module(f"mlx_lm.models.{arch}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(TINY[arch]))
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture(scope="session")
+def stories():
+    """The bundled demo model (stories260K), loaded through the registry like `-m demo`."""
+    return registry.load(registry.resolve("demo", registry.load_registry()))
+
+
+@pytest.fixture(scope="session")
+def golden():
+    return json.loads((DATA / "golden_greedy.json").read_text())["cases"]
+
+
+def plain_tokens(model, prompt, n):
+    """mlx-lm's own greedy decoding: the reference every speculative output must equal."""
+    return [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=n)]
+
+
+def run(model, prompt, **kw):
+    """specgen's decode loop; returns (tokens, steps, prefilled event)."""
+    steps, prefilled = [], None
+    for ev in generate(model, prompt, **kw):
+        if isinstance(ev, Prefilled):
+            prefilled = ev
+        else:
+            steps.append(ev)
+    return [t for s in steps for t in s.tokens], steps, prefilled
+
+
+class ScriptedModel:
+    """A fake target whose greedy choice after token t is `rule[t]`, with a real KVCache.
+
+    It lets tests know exactly which drafts the model accepts.
+    """
+
+    def __init__(self, rule: dict[int, int], vocab: int = 16):
+        self.rule, self.vocab = rule, vocab
+        self.layers = [None]  # one KVCache from make_prompt_cache
+
+    def __call__(self, tokens, cache):
+        n = tokens.shape[1]
+        cache[0].update_and_fetch(mx.zeros((1, 1, n, 1)), mx.zeros((1, 1, n, 1)))
+        nxt = [self.rule[t] for t in tokens[0].tolist()]
+        return (mx.arange(self.vocab)[None, None, :] == mx.array(nxt)[None, :, None]).astype(mx.float32)

@@ -1,0 +1,110 @@
+import random
+
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from conftest import ScriptedModel, plain_tokens, run, tiny_model
+from specgen.decode import Step, generate
+from specgen.errors import InputError
+
+REPETITIVE = [10, 11, 12, 13, 14, 15] * 5
+NOVEL = random.Random(0).sample(range(3, 500), 30)
+
+
+@pytest.mark.parametrize("draft", [0, 4])
+def test_golden_greedy_on_stories260k(stories, golden, draft):
+    for case in golden:
+        tokens, _, _ = run(stories.model, case["prompt_ids"], draft=draft, max_tokens=64,
+                           stop_tokens=stories.stop_ids, context_length=stories.context_length)
+        assert tokens == case["greedy_new_ids"], case["prompt"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3", "gemma3_text", "stories"])
+@pytest.mark.parametrize("prompt", [REPETITIVE, NOVEL], ids=["repetitive", "novel"])
+def test_speculative_output_equals_mlx_lm_plain_greedy(arch, prompt, stories):
+    model = stories.model if arch == "stories" else tiny_model(arch)
+    tokens, steps, pre = run(model, prompt, max_tokens=200)
+    assert pre.speculation == "on"
+    assert tokens == plain_tokens(model, prompt, 200)
+    if prompt is REPETITIVE:
+        assert sum(s.accepted for s in steps) > 0
+    assert len(steps) < 200 or sum(s.drafted for s in steps) > 0
+
+
+def test_sliding_window_cache_stops_speculating_when_it_would_wrap_and_says_so():
+    model = tiny_model("gemma3_text")  # sliding_window=64: its RotatingKVCache wraps at 64
+    tokens, steps, _ = run(model, REPETITIVE, max_tokens=100)
+    notices = [s.notice for s in steps if s.notice]
+    assert len(notices) == 1 and "sliding-window" in notices[0]
+    first_off = next(i for i, s in enumerate(steps) if s.notice)
+    assert all(s.drafted == 0 for s in steps[first_off:])
+    assert tokens == plain_tokens(model, REPETITIVE, 100)
+
+
+def test_cache_that_cannot_roll_back_decodes_plainly_and_says_why():
+    model = tiny_model("mamba")
+    tokens, steps, pre = run(model, REPETITIVE, max_tokens=60)
+    assert pre.speculation.startswith("off:") and "ArraysCache" in pre.speculation
+    assert all(s.drafted == 0 for s in steps)
+    assert tokens == plain_tokens(model, REPETITIVE, 60)
+
+
+def test_cache_holds_exactly_the_kept_tokens_after_rejections(stories):
+    cache = make_prompt_cache(stories.model)
+    prompt = stories.tokenizer.encode("Once upon a time, there was a dog. The dog was happy.")
+    generated, rejected = 0, 0
+    for ev in generate(stories.model, prompt, max_tokens=150, prompt_cache=cache):
+        if isinstance(ev, Step):
+            generated += len(ev.tokens)
+            rejected += ev.drafted - ev.accepted
+            assert all(c.offset == len(prompt) + generated - 1 for c in cache)
+    assert rejected > 0
+
+
+CYCLE = {1: 2, 2: 3, 3: 4, 4: 1}
+
+
+def test_exact_acceptance_when_every_draft_is_right():
+    tokens, steps, _ = run(ScriptedModel(CYCLE), [1, 2, 3, 4] * 2, max_tokens=20)
+    assert tokens == [1, 2, 3, 4] * 5
+    assert [(s.drafted, s.accepted, len(s.tokens)) for s in steps] == [(4, 4, 5)] * 4
+    assert steps[-1].stop_reason == "max_tokens"
+
+
+def test_exact_counts_with_a_rejection_and_an_empty_draft():
+    rule = {1: 2, 2: 3, 3: 4, 4: 5, 5: 1}  # the prompt taught 4 -> 1; the model says 4 -> 5
+    _, steps, _ = run(ScriptedModel(rule), [1, 2, 3, 4] * 2, max_tokens=7)
+    assert steps == [
+        Step((5,), drafted=4, accepted=0),  # drafts [1,2,3,4] rejected at once
+        Step((1,), drafted=0, accepted=0),  # nothing ever followed 5: plain step
+        Step((2, 3, 4, 5, 1), drafted=4, accepted=4, stop_reason="max_tokens"),  # 2,3,4 -> 5 (newest)
+    ]
+
+
+def test_stop_token_inside_an_accepted_draft_ends_generation_there():
+    cache = make_prompt_cache(ScriptedModel(CYCLE))
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1]
+    _, steps, _ = run(ScriptedModel(CYCLE), prompt, stop_tokens={3}, prompt_cache=cache)
+    assert steps == [Step((2,), drafted=4, accepted=1, stop_reason="stop")]
+    assert cache[0].offset == len(prompt)  # prompt and the emitted 2, minus the last token
+
+
+def test_drafts_never_exceed_the_tokens_still_allowed():
+    _, steps, _ = run(ScriptedModel(CYCLE), [1, 2, 3, 4] * 2, max_tokens=3)
+    assert steps == [Step((1, 2, 3), drafted=2, accepted=2, stop_reason="max_tokens")]
+
+
+def test_generation_stops_when_the_context_is_full():
+    tokens, steps, _ = run(ScriptedModel(CYCLE), [1, 2, 3, 4] * 2, max_tokens=50, context_length=19)
+    assert len(tokens) == 11 and steps[-1].stop_reason == "context"
+
+
+def test_prompt_longer_than_the_context_is_rejected_with_the_numbers():
+    with pytest.raises(InputError, match="prompt is 12 tokens .* context is 12 .* at most 11"):
+        next(generate(ScriptedModel(CYCLE), [1, 2, 3, 4] * 3, context_length=12))
+
+
+@pytest.mark.parametrize("kw", [dict(max_tokens=0), dict(draft=-1), dict(max_tokens=-5)])
+def test_bad_settings_are_input_errors(kw):
+    with pytest.raises(InputError):
+        next(generate(ScriptedModel(CYCLE), [1, 2], **kw))

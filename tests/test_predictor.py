@@ -1,0 +1,73 @@
+import pytest
+
+from specgen import defaults
+from specgen.errors import InputError
+from specgen.predictor import NGramPredictor, fnv1a_64
+
+
+def fed(tokens, **kw):
+    p = NGramPredictor(**kw)
+    p.update_batch(tokens)
+    return p
+
+
+def test_fnv1a_matches_the_reference_vectors():
+    # From the FNV reference test suite (byte strings); ids < 256 hash like the bytes.
+    assert fnv1a_64([]) == 0xCBF29CE484222325
+    assert fnv1a_64(b"a") == 0xAF63DC4C8601EC8C
+    assert fnv1a_64(b"foobar") == 0x85944171F73967E8
+
+
+def test_fnv1a_of_wide_ids_is_xor_then_multiply_mod_2_64():
+    h = ((0xCBF29CE484222325 ^ 70000) * 1099511628211) % 2**64
+    assert fnv1a_64([70000]) == h
+    assert fnv1a_64([70000, 5]) == ((h ^ 5) * 1099511628211) % 2**64
+
+
+def test_defaults_are_the_mission_defaults():
+    p = NGramPredictor()
+    assert (p.min_order, p.max_order, p.window) == (2, 4, 512)
+    assert defaults.DRAFT_LEN == 4
+
+
+def test_longest_context_wins_over_a_more_frequent_shorter_one():
+    # (2,3) -> 9 twice, but the 4-gram context (5,2,3) was followed by 7.
+    p = fed([1, 2, 3, 9, 8, 2, 3, 9, 5, 2, 3, 7, 5, 2, 3])
+    assert p.predict(1) == [7]
+
+
+def test_backs_off_to_shorter_contexts():
+    assert fed([1, 2, 3, 9, 8, 2, 3, 9, 6, 2, 3]).predict(1) == [9]  # (6,2,3) unseen -> (2,3)
+    assert fed([1, 2, 3, 9, 4, 3]).predict(1) == [9]  # (9,4,3), (4,3) unseen -> (3)
+
+
+def test_most_frequent_continuation_and_ties_to_the_most_recent():
+    assert fed([1, 2, 1, 3, 1], max_order=2).predict(1) == [3]  # 1 -> 2 once, 3 once: 3 is newer
+    assert fed([1, 2, 1, 3, 1, 2, 1], max_order=2).predict(1) == [2]  # now 2 twice
+
+
+def test_chains_its_own_predictions():
+    assert fed([1, 2, 3, 4, 1, 2, 3, 4, 1]).predict(6) == [2, 3, 4, 1, 2, 3]
+
+
+def test_stops_at_the_first_position_without_a_match():
+    assert fed([1, 2, 3], max_order=2).predict(5) == []
+    assert fed([1, 2, 3, 4], window=2).predict(5) == []
+    assert NGramPredictor().predict(4) == []
+
+
+def test_window_bounds_the_history_but_not_the_tables():
+    seq = [5, 2, 3, 7, 1, 2, 3, 9, 8, 2, 3, 9, 5, 2, 3]
+    assert fed(seq).predict(1) == [7]
+    # Two tokens of history: a 3-token (4-gram) context never exists, so (2,3) -> 9 decides.
+    narrow = fed(seq, window=2)
+    assert narrow.history == [2, 3]
+    assert narrow.predict(1) == [9]
+    # Counts survive eviction: 1 -> 2 is remembered after both tokens left the window.
+    assert fed([1, 2, 9, 8, 7, 1], window=2).predict(1) == [2]
+
+
+@pytest.mark.parametrize("kw", [dict(max_order=1), dict(window=0)])
+def test_bad_parameters_are_input_errors(kw):
+    with pytest.raises(InputError):
+        NGramPredictor(**kw)
