@@ -100,7 +100,8 @@ def generate(
 
     def forward(tokens) -> mx.array:
         nonlocal cached
-        logits = model(mx.array(tokens, mx.uint32)[None], cache=cache)
+        x = tokens if isinstance(tokens, mx.array) else mx.array(tokens, mx.uint32)
+        logits = model(x[None], cache=cache)
         cached += len(tokens)
         return logits[0]
 
@@ -118,7 +119,8 @@ def generate(
                 emitted, stop = emitted[:i], "stop"
                 break
         history.extend(emitted)
-        predictor.update_batch(emitted)
+        if speculation == "on":
+            predictor.update_batch(emitted)
         generated = len(history) - len(prompt)
         if stop is None and generated >= max_tokens:
             stop = "max_tokens"
@@ -145,7 +147,7 @@ def generate(
                         context_length is None or nxt < context_length
                     )
                     if queued:
-                        next_y = selector.pick(forward(y[None])[-1], history, nxt)
+                        next_y = selector.pick(forward(y.reshape(1))[-1], history, nxt)
                         mx.async_eval(next_y)
                     emitted, stop = finish([y.item()])
                     yield Step(tuple(emitted), stop_reason=stop)
