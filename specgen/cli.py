@@ -80,6 +80,11 @@ def run(
     draft: int = typer.Option(defaults.DRAFT_LEN, "--draft", help="Drafted tokens per step; 0 = plain decoding."),
     ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
     window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
+    temp: float = typer.Option(defaults.TEMP, "--temp", help="Sampling temperature; 0 = greedy."),
+    top_p: float = typer.Option(0.0, "--top-p", help="Nucleus sampling: keep this much probability mass (0 = off)."),
+    top_k: int = typer.Option(0, "--top-k", help="Sample among the k most likely tokens (0 = off)."),
+    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p times the top probability (0 = off)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed: same seed, same text. Default: random.", show_default=False),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="System message (chat template only).", show_default=False),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object with text and stats instead of streaming."),
@@ -91,16 +96,20 @@ def run(
     from .display import TextView
     from .predictor import NGramPredictor
     from .prompts import encode_prompt, read_prompt
+    from .sampling import make_selector
     from .stats import RunStats
 
     check_settings(max_tokens=max_tokens, draft=draft)
+    selector = make_selector(temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
     predictor = NGramPredictor(max_order=ngram_order, window=window)
     text = read_prompt(prompt, file, sys.stdin)
     loaded = registry.load(_resolve_model(model))
     ids = encode_prompt(loaded.tokenizer, text, chat=loaded.spec.chat_template and not raw, system=system)
-    stats = RunStats(model=loaded.spec.name, draft_mode=f"fixed {draft}")
+    stats = RunStats(model=loaded.spec.name, draft_mode=f"fixed {draft}", temp=temp,
+                     seed=getattr(selector, "seed", None))
     events = generate(loaded.model, ids, predictor=predictor, draft=draft, max_tokens=max_tokens,
-                      stop_tokens=loaded.stop_ids, context_length=loaded.context_length)
+                      stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
+                      selector=selector)
 
     def notice(message: str):
         if not quiet:

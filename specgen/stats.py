@@ -15,6 +15,8 @@ class RunStats:
     model: str = ""
     speculation: str = "on"
     draft_mode: str = ""
+    temp: float = 0.0
+    seed: int | None = None  # the sampling seed (None when greedy), so a run can be repeated
     prompt_tokens: int = 0
     generated_tokens: int = 0
     prefill_s: float = 0.0
@@ -79,6 +81,8 @@ class RunStats:
             "accept_histogram": list(self.accept_histogram),
             "speculation": self.speculation,
             "draft_mode": self.draft_mode,
+            "temp": self.temp,
+            "seed": self.seed,
             "stop_reason": self.stop_reason,
         }
 

@@ -28,9 +28,9 @@ def golden_text(golden, prompt):
     return next(c for c in golden if c["prompt"] == prompt)["greedy_text"]
 
 
-@pytest.mark.parametrize("draft", ["0", "4"])
-def test_prompt_argument_streams_the_golden_text(golden, draft):
-    r = invoke(["run", "-n", "64", "--draft", draft, ONCE])
+@pytest.mark.parametrize("extra", [["--draft", "0"], ["--draft", "4"], ["--temp", "0"]])
+def test_prompt_argument_streams_the_golden_text(golden, extra):
+    r = invoke(["run", "-n", "64", *extra, ONCE])
     assert r.exit_code == 0, r.output
     assert ONCE + r.stdout == golden_text(golden, ONCE) + "\n"
     assert "64 tok" in r.stderr and "stop: max_tokens" in r.stderr
@@ -70,6 +70,14 @@ def test_json_has_every_documented_field_and_the_stats_add_up():
     assert d["model"] == "demo" and d["speculation"] == "on"
 
 
+def test_seeded_sampling_is_repeatable_and_unchanged_by_speculation():
+    args = ["run", "-n", "80", "--json", "--temp", "0.8", "--top-p", "0.95", "--seed", "3", ONCE]
+    runs = [json.loads(invoke(args + extra).stdout) for extra in ([], [], ["--draft", "0"])]
+    assert runs[0]["text"] == runs[1]["text"] == runs[2]["text"]
+    assert runs[0]["seed"] == 3 and runs[0]["temp"] == 0.8
+    assert runs[0]["drafted"] > 0 and runs[2]["drafted"] == 0
+
+
 def test_demo_stops_at_the_end_of_the_story():
     d = json.loads(invoke(["run", "-n", "400", "--json", ONCE]).stdout)
     assert d["stop_reason"] == "stop" and d["generated_tokens"] < 400
@@ -83,6 +91,8 @@ def test_demo_stops_at_the_end_of_the_story():
     (["run", "-n", "-3", "x"], None, "--max-tokens must be at least 1"),
     (["run", "--draft", "-1", "x"], None, "--draft must be 0 or more"),
     (["run", "--ngram-order", "1", "x"], None, "n-gram order"),
+    (["run", "--temp", "-0.5", "x"], None, "--temp must be 0 (greedy) or more"),
+    (["run", "--temp", "1", "--top-p", "1.5", "x"], None, "--top-p must be between 0 and 1"),
     (["run", "-f", "/nonexistent/prompt.txt"], None, "no such file: /nonexistent/prompt.txt"),
     (["run", "-m", "nosuchalias", "x"], None, "unknown model alias 'nosuchalias' (known: demo"),
     (["run", "-m", "./no/such/folder", "x"], None, "no such model folder: ./no/such/folder"),
