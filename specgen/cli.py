@@ -77,7 +77,9 @@ def run(
                               help="Alias from models.toml, Hugging Face repo id, or local folder."),
     file: Optional[str] = typer.Option(None, "-f", "--file", help="Read the prompt from a file ('-' = stdin).", show_default=False),
     max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens to generate."),
-    draft: int = typer.Option(defaults.DRAFT_LEN, "--draft", help="Drafted tokens per step; 0 = plain decoding."),
+    draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
+                                        help="Draft exactly up to N tokens per step with the plain n-gram predictor; 0 = plain decoding. Default: the adaptive drafter chooses."),
+    memory: bool = typer.Option(False, "--memory", help="Learn from and add to this model's n-gram memory of earlier outputs."),
     ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
     window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
     temp: float = typer.Option(defaults.TEMP, "--temp", help="Sampling temperature; 0 = greedy."),
@@ -94,28 +96,39 @@ def run(
     """Generate text from a prompt, speculating with an n-gram predictor."""
     from .decode import Prefilled, check_settings, generate
     from .display import TextView
-    from .predictor import NGramPredictor
+    from .drafter import make_drafter
     from .prompts import encode_prompt, read_prompt
     from .sampling import make_selector
     from .stats import RunStats
 
     check_settings(max_tokens=max_tokens, draft=draft)
     selector = make_selector(temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
-    predictor = NGramPredictor(max_order=ngram_order, window=window)
+    make_drafter(draft, max_order=ngram_order, window=window)  # bad settings fail before the load
     text = read_prompt(prompt, file, sys.stdin)
     loaded = registry.load(_resolve_model(model))
     ids = encode_prompt(loaded.tokenizer, text, chat=loaded.spec.chat_template and not raw, system=system)
-    stats = RunStats(model=loaded.spec.name, draft_mode=f"fixed {draft}", temp=temp,
-                     seed=getattr(selector, "seed", None))
-    events = generate(loaded.model, ids, predictor=predictor, draft=draft, max_tokens=max_tokens,
-                      stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
-                      selector=selector)
 
     def notice(message: str):
         if not quiet:
             sys.stderr.write(f"specgen: {message}\n")
 
+    mem = mem_path = None
+    if memory:
+        from .memory import NGramMemory, memory_path
+
+        mem_path = memory_path(loaded.key)
+        mem, mem_warning = NGramMemory.load(mem_path, loaded.key, max_order=ngram_order)
+        if mem_warning:
+            notice(f"warning: {mem_warning}")
+    predictor, cap, mode = make_drafter(draft, max_order=ngram_order, window=window, memory=mem)
+    stats = RunStats(model=loaded.spec.name, draft_mode=mode, temp=temp,
+                     seed=getattr(selector, "seed", None))
+    events = generate(loaded.model, ids, predictor=predictor, draft=cap, max_tokens=max_tokens,
+                      stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
+                      selector=selector)
+
     interrupted = False
+    out_ids: list[int] = []
     view = TextView(loaded.tokenizer, sys.stdout, sys.stderr, stream=not json_out,
                     live=not quiet, color=color)
     with view:
@@ -123,22 +136,71 @@ def run(
             for event in events:
                 stats.observe(event)
                 if isinstance(event, Prefilled):
-                    if event.speculation != "on" and draft > 0:
+                    if event.speculation != "on" and draft != 0:
                         notice(f"speculation {event.speculation}; decoding plainly")
                     continue
                 if event.notice:
                     notice(event.notice)
+                out_ids.extend(event.tokens)
                 view.show(event, stats)
         except KeyboardInterrupt:
             interrupted = True
             stats.stop_reason = "interrupted"
         out_text = view.finish()
+    if mem is not None and out_ids and not interrupted:
+        mem.add(out_ids)
+        warning = mem.save(mem_path)
+        if warning and not mem_warning:
+            notice(f"warning: {warning} (replaced)")
     if json_out:
         sys.stdout.write(json.dumps({"text": out_text, **stats.to_dict()}) + "\n")
     elif not quiet:
         sys.stderr.write(stats.summary() + "\n")
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+@app.command()
+@cli_errors
+def simulate(
+    traces: list[str] = typer.Argument(..., help="Trace files (JSONL): {prompt, output} text or {prompt_ids, output_ids}."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", "-t", show_default=False,
+                                            help="Sentencepiece .model, tokenizer.json, or a model folder or alias (needed for text traces)."),
+    draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
+                                        help="Fixed draft length with the plain n-gram predictor (as run --draft). Default: the adaptive drafter."),
+    ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
+    window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
+    beta: float = typer.Option(defaults.BETA, "--beta", help="Verify cost per drafted token, relative to one forward pass."),
+    memory: bool = typer.Option(False, "--memory", help="Replay the traces in order into one memory that starts empty."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per file."),
+):
+    """Replay real model outputs through the drafter: steps, acceptance and predicted speedup."""
+    from .decode import check_settings
+    from .drafter import linear_cost, make_drafter
+    from .memory import NGramMemory
+    from .simulate import load_tokenizer, read_traces, simulate_file
+
+    check_settings(max_tokens=1, draft=draft)
+    if beta < 0:
+        raise SpecgenError(f"--beta must be 0 or more (got {beta})")
+    make_drafter(draft, max_order=ngram_order, window=window)  # bad settings fail before any work
+    encode = load_tokenizer(tokenizer) if tokenizer else None
+    mem = NGramMemory("simulate", max_order=ngram_order) if memory else None
+    reports = []
+    for path in traces:
+        def fresh():
+            return make_drafter(draft, max_order=ngram_order, window=window,
+                                cost=linear_cost(beta), memory=mem)[0]
+
+        cap = make_drafter(draft)[1]
+        reports.append(simulate_file(path, read_traces(path, encode), fresh, draft=cap, beta=beta,
+                                     memory=mem))
+    if json_out:
+        sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
+        return
+    from .report import simulate_table
+
+    simulate_table(reports, draft_mode=make_drafter(draft)[2], beta=beta, memory=memory)
 
 
 @app.command()

@@ -58,12 +58,24 @@ def rollback_limit(cache: Sequence) -> tuple[int | None, str | None]:
     return (min(sizes) if sizes else None), None
 
 
-def check_settings(*, max_tokens: int, draft: int) -> None:
+def check_settings(*, max_tokens: int, draft: int | None) -> None:
     """Reject settings no generation can use (before paying for a model load)."""
     if max_tokens < 1:
         raise InputError(f"--max-tokens must be at least 1 (got {max_tokens})")
-    if draft < 0:
+    if draft is not None and draft < 0:
         raise InputError(f"--draft must be 0 or more (got {draft})")
+
+
+def draft_room(draft: int, pos: int, end: int, context_length: int | None) -> int:
+    """The most tokens a step starting at absolute position `pos` may draft.
+
+    A step emits up to room + 1 tokens, so it must stop short of `end` (prompt + max tokens) and of
+    the model's context.
+    """
+    room = min(draft, end - pos - 1)
+    if context_length is not None:
+        room = min(room, context_length - pos - 1)
+    return max(room, 0)
 
 
 def generate(
@@ -160,9 +172,7 @@ def generate(
         warned = False
         while True:
             pos = len(history)  # absolute position of the token this step emits first
-            room = min(draft, len(prompt) + max_tokens - pos - 1)
-            if context_length is not None:
-                room = min(room, context_length - pos - 1)  # the step emits room + 1 tokens
+            room = draft_room(draft, pos, len(prompt) + max_tokens, context_length)
             notice = None
             if limit is not None and limit - pos - 1 < room:
                 room = max(limit - pos - 1, 0)

@@ -3,6 +3,8 @@
 For each order k (MIN_ORDER..MAX_ORDER) a table maps the hash of the k-1 preceding tokens to the
 counts of the token that followed them. Drafting tries the longest context first and chains its
 own predictions, stopping at the first position where no table knows the context.
+
+Contexts are hashed newest token first, so one FNV-1a pass yields the keys of every order.
 """
 
 from __future__ import annotations
@@ -16,6 +18,19 @@ from .errors import InputError
 FNV_OFFSET = 14695981039346656037
 FNV_PRIME = 1099511628211
 _MASK = (1 << 64) - 1
+
+
+def context_keys(tokens: list[int], longest: int) -> list[int]:
+    """keys[j] = FNV-1a of the last j tokens, newest first (keys[0] is the offset basis)."""
+    h = FNV_OFFSET
+    keys = [h]
+    i = len(tokens) - 1
+    stop = i - longest
+    while i > stop and i >= 0:
+        h = ((h ^ tokens[i]) * FNV_PRIME) & _MASK
+        keys.append(h)
+        i -= 1
+    return keys
 
 
 def fnv1a_64(tokens: Iterable[int]) -> int:
@@ -48,7 +63,7 @@ class NGramPredictor:
         self.max_order = max_order
         self.min_order = min_order
         self.window = window
-        # Longest context first; each table: hash(context) -> [best token, best count, {token: count}].
+        # Longest context first; each table: hash(context) -> [best, best count, {token: count}, total].
         self._orders = list(range(max_order, min_order - 1, -1))
         self._tables: dict[int, dict[int, list]] = {k: {} for k in self._orders}
         self._history: deque[int] = deque(maxlen=window)
@@ -58,20 +73,24 @@ class NGramPredictor:
         """The tokens currently inside the window, oldest first."""
         return list(self._history)
 
-    def update(self, token: int) -> None:
-        """Count `token` as the continuation of every context ending at the current position."""
+    def update(self, token: int) -> list[int]:
+        """Count `token` as the continuation of every context ending at the current position.
+
+        Returns the context keys (see `context_keys`) so subclasses need not hash again.
+        """
         hist = self._history
-        n = len(hist)
+        keys = context_keys(hist, self.max_order - 1)
+        tables = self._tables
         for k in self._orders:
-            if n < k - 1:
+            if len(keys) < k:
                 continue
-            ctx = [hist[i] for i in range(n - k + 1, n)]
-            table = self._tables[k]
-            key = fnv1a_64(ctx)
+            table = tables[k]
+            key = keys[k - 1]
             entry = table.get(key)
             if entry is None:
-                table[key] = [token, 1, {token: 1}]
+                table[key] = [token, 1, {token: 1}, 1]
                 continue
+            entry[3] += 1
             counts = entry[2]
             c = counts.get(token, 0) + 1
             counts[token] = c
@@ -80,6 +99,11 @@ class NGramPredictor:
                 entry[0] = token
                 entry[1] = c
         hist.append(token)
+        return keys
+
+    def forget_history(self) -> None:
+        """Start a new sequence: later contexts will not reach back into the tokens fed so far."""
+        self._history.clear()
 
     def update_batch(self, tokens: Iterable[int]) -> None:
         """Feed several tokens in order (e.g. the prompt, to seed the tables)."""
@@ -88,19 +112,26 @@ class NGramPredictor:
 
     def lookup(self, context: list[int]) -> int | None:
         """The most frequent continuation of `context`, longest order first; None if unseen."""
-        n = len(context)
+        found = self.lookup_entry(context)
+        return None if found is None else found[1][0]
+
+    def lookup_entry(self, context: list[int]) -> tuple[int, list] | None:
+        """(order, [best, best count, counts, total]) for the longest known context, or None."""
+        return self.lookup_keys(context_keys(context, self.max_order - 1))
+
+    def lookup_keys(self, keys: list[int]) -> tuple[int, list] | None:
+        """`lookup_entry` for keys already computed with `context_keys`."""
         for k in self._orders:
-            if n < k - 1:
-                continue
-            entry = self._tables[k].get(fnv1a_64(context[n - k + 1 :]))
-            if entry is not None:
-                return entry[0]
+            if len(keys) >= k:
+                entry = self._tables[k].get(keys[k - 1])
+                if entry is not None:
+                    return k, entry
         return None
 
     def predict(self, n: int) -> list[int]:
         """Up to `n` drafted tokens, each predicted from the history extended by the ones before it."""
         hist = self._history
-        ctx = [hist[i] for i in range(max(0, len(hist) - self.max_order + 1), len(hist))]
+        ctx = [hist[i] for i in range(max(0, len(hist) - self.max_order + 1), len(hist))]  # a deque
         out: list[int] = []
         for _ in range(n):
             tok = self.lookup(ctx)

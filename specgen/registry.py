@@ -41,6 +41,7 @@ class LoadedModel:
     tokenizer: object
     context_length: int | None
     stop_ids: frozenset = field(default_factory=frozenset)
+    key: str = ""  # what identifies the weights: the repo id, or the folder's absolute path
 
 
 def packaged_models_file() -> Path:
@@ -142,5 +143,8 @@ def load(spec: ModelSpec) -> LoadedModel:
             tokenizer.add_eos_token(str(stop))
         except ValueError as e:
             raise ModelError(f"stop token {stop!r} of '{spec.name}' is not in its vocabulary") from e
+    key = source if is_repo else str(local.resolve())
+    if spec.source.startswith(BUNDLED_PREFIX):
+        key = spec.source  # the same everywhere the package is installed
     return LoadedModel(spec, model, tokenizer, spec.context_length or _context_length(config),
-                       frozenset(tokenizer.eos_token_ids))
+                       frozenset(tokenizer.eos_token_ids), key)

@@ -1,0 +1,273 @@
+"""The adaptive drafter: the n-gram tables plus long copies, drafting only as far as it pays.
+
+For each position it could draft, it estimates q, the chance that the target accepts that token
+given that it accepted the ones before. With P_i = q_1 * ... * q_i, drafting k tokens yields
+1 + P_1 + ... + P_k tokens per step on average (Leviathan et al. 2023, sec. 3.5), so it drafts
+the k that maximises that over the step's relative cost, cost(k). Novel text gets short or empty
+drafts; long copies get long ones.
+
+Evidence, in order of preference:
+- a copy: the last COPY_KEY tokens occurred before (prompt or output); the draft continues from
+  the earlier occurrence with the longest backward match, as far as the source goes;
+- the request's own n-gram tables (the mission's FNV-hashed 2-4-gram tables over the window);
+- an optional cross-request memory of earlier outputs (`memory.NGramMemory`).
+q starts from a coarse prior per kind of evidence; each request rescales the odds of each kind
+by how its drafts have fared so far, so edits and chat settle at different levels quickly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from . import defaults
+from .predictor import NGramPredictor, context_keys
+
+COPY_KEY = 3  # tokens of context that locate an earlier occurrence to copy from
+COPY_CANDIDATES = 8  # earlier occurrences remembered per context; the longest backward match wins
+MATCH_CAP = 128  # longest backward match measured
+AGREE_BELOW = 16  # below this match length, ask the n-gram tables for a second opinion
+MIN_P = 0.02  # stop extending a draft once the chance that all of it is accepted falls below this
+REALIGN_SPAN = (-2, 12)  # after a copy breaks, look for the last token this close to where it was
+REALIGN_STEPS = 6  # steps after a broken copy during which realigning is tried
+SHRINK = 2.0  # pseudo-observations that hold a request's rescaling near 1 until evidence builds
+CONT_ODDS = 2.0  # prior odds multiplier for a copy that continues the source the last step followed
+
+# Priors, measured coarsely on real model outputs (between what chat answers and code edits show).
+# Copies by backward match length (upper bound) -> (prior if the n-gram tables disagree, if agree).
+_COPY_PRIOR = {4: (0.15, 0.6), 8: (0.35, 0.72), 16: (0.6, 0.85), 32: (0.8, 0.92),
+               MATCH_CAP + 1: (0.97, 0.97)}
+_REALIGN_PRIOR = 0.35
+# n-grams: order -> share of the context's counts (< 0.5, < 0.8, >= 0.8) -> best count 1, 2, 3, 4+.
+_NGRAM_PRIOR = {
+    4: ((0.1, 0.2, 0.3, 0.4), (0.2, 0.4, 0.5, 0.6), (0.5, 0.75, 0.85, 0.9)),
+    3: ((0.05, 0.15, 0.25, 0.35), (0.15, 0.3, 0.4, 0.5), (0.4, 0.7, 0.8, 0.85)),
+    2: ((0.05, 0.1, 0.15, 0.2), (0.1, 0.2, 0.3, 0.4), (0.25, 0.5, 0.65, 0.75)),
+}
+_MEMORY_ODDS = 0.5  # memory n-grams start at half the odds of the request's own
+
+
+def _odds_scaled(q: float, factor: float) -> float:
+    odds = q / (1.0 - q) * factor
+    return odds / (1.0 + odds)
+
+
+def _copy_bucket(match: int, agree: bool, cont: bool) -> tuple:
+    for bound in _COPY_PRIOR:
+        if match < bound:
+            return ("copy", bound, agree, cont)
+    return ("copy", MATCH_CAP + 1, True, cont)
+
+
+def _ngram_bucket(kind: str, order: int, entry: list) -> tuple:
+    purity = entry[1] / entry[3]
+    return (kind, min(order, 4), 2 if purity >= 0.8 else 1 if purity >= 0.5 else 0, min(entry[1], 4))
+
+
+def prior(bucket: tuple) -> float:
+    """The prior acceptance chance for a kind of evidence (see the module docstring)."""
+    kind = bucket[0]
+    if kind == "realign":
+        return _REALIGN_PRIOR
+    if kind == "copy":
+        q = _COPY_PRIOR[bucket[1]][bucket[2]]
+        return _odds_scaled(q, CONT_ODDS) if bucket[3] else q
+    q = _NGRAM_PRIOR[bucket[1]][bucket[2]][bucket[3] - 1]
+    return _odds_scaled(q, _MEMORY_ODDS) if kind == "memory" else q
+
+
+def linear_cost(beta: float) -> Callable[[int], float]:
+    """cost(k) = 1 + beta * k: verifying k drafted tokens, relative to a one-token step."""
+    return lambda k: 1.0 + beta * k
+
+
+class Calibration:
+    """Per kind of evidence, [accepted, expected (sum of priors), judged] and the odds rescaling."""
+
+    def __init__(self):
+        self.counts: dict[str, list[float]] = {}
+        self.scale: dict[str, float] = {}
+        self._q: dict[tuple, float] = {}  # q per bucket until the next record()
+
+    def record(self, bucket: tuple, hit: bool) -> None:
+        """Count one judged draft token."""
+        kind = "copy" if bucket[0] == "realign" else bucket[0]
+        acc, exp, n = self.counts.get(kind, (0.0, 0.0, 0))
+        self.set_counts(kind, [acc + hit, exp + prior(bucket), n + 1])
+
+    def set_counts(self, kind: str, counts: list) -> None:
+        """Set [accepted, expected, judged] for a kind and rescale its odds."""
+        acc, exp, n = self.counts[kind] = counts
+        self._q.clear()
+        # Observed odds over the priors' odds, both shrunk towards the priors.
+        self.scale[kind] = ((acc + SHRINK) / (n - acc + SHRINK)) / ((exp + SHRINK) / (n - exp + SHRINK))
+
+    def q(self, bucket: tuple) -> float:
+        q = self._q.get(bucket)
+        if q is None:
+            kind = "copy" if bucket[0] == "realign" else bucket[0]
+            q = self._q[bucket] = _odds_scaled(prior(bucket), self.scale.get(kind, 1.0))
+        return q
+
+
+class AdaptiveDrafter(NGramPredictor):
+    """Drafts from long copies, the n-gram tables and (optionally) memory, as far as it pays."""
+
+    def __init__(self, max_order: int = defaults.MAX_ORDER, window: int = defaults.WINDOW,
+                 min_order: int = defaults.MIN_ORDER, *,
+                 cost: Callable[[int], float] = linear_cost(defaults.BETA), memory=None):
+        super().__init__(max_order=max_order, window=window, min_order=min_order)
+        self.cost = cost
+        self.memory = memory
+        self.calibration = Calibration()
+        self._all: list[int] = []  # every token fed: the source of copies (not windowed)
+        self._seen: dict[int, list[int]] = {}  # context hash -> positions of the tokens that followed
+        self._last: tuple[list[int], list[tuple], int | None] | None = None  # drafts, buckets, source
+        self._anchor: int | None = None  # source position aligned with the end, while copying
+        self._near: tuple[int, int] | None = None  # (realign position, steps left) after a broken copy
+
+    def update(self, token: int) -> list[int]:
+        """Count `token` in the tables and remember where it followed its COPY_KEY-token context."""
+        keys = super().update(token)
+        toks = self._all
+        if len(toks) >= COPY_KEY:
+            key = keys[COPY_KEY] if len(keys) > COPY_KEY else context_keys(toks, COPY_KEY)[COPY_KEY]
+            where = self._seen.get(key)
+            if where is None:
+                self._seen[key] = [len(toks)]
+            else:
+                where.append(len(toks))
+                if len(where) > COPY_CANDIDATES:
+                    del where[0]
+        toks.append(token)
+        return keys
+
+    def update_batch(self, tokens) -> None:
+        """Feed emitted tokens; if they follow a draft, learn which of its tokens were accepted."""
+        tokens = list(tokens)
+        if self._anchor is not None:  # output and source advance together
+            self._anchor += len(tokens)
+        if self._near is not None:
+            pos, left = self._near
+            self._near = (pos + len(tokens), left - 1) if left > 1 else None
+        if self._last is not None:
+            drafts, buckets, src = self._last
+            self._last = None
+            n = 0
+            for b in buckets:
+                hit = n < len(tokens) and tokens[n] == drafts[n]
+                # Memory's calibration lives with the memory: it carries over between requests.
+                (self.memory.calibration if b[0] == "memory" else self.calibration).record(b, hit)
+                if not hit:
+                    break  # later tokens were never judged on their own
+                n += 1
+            if src is not None:
+                self._anchor = src + len(tokens)
+                if n < len(drafts):  # the copy broke at draft n; the source continues near here
+                    self._near = (self._anchor, REALIGN_STEPS)
+        for t in tokens:
+            self.update(t)
+
+    def _copy_source(self) -> tuple[int, int] | None:
+        """(position to copy from, backward match length; -1 when realigning) or None."""
+        toks = self._all
+        n = len(toks)
+        if n > COPY_KEY:
+            best = None
+            for p in self._seen.get(context_keys(toks, COPY_KEY)[COPY_KEY], ()):
+                m = 0
+                while m < MATCH_CAP and p - 1 - m >= 0 and toks[p - 1 - m] == toks[n - 1 - m]:
+                    m += 1
+                if m >= COPY_KEY and (best is None or m > best[1]):
+                    best = (p, m)
+            if best is not None:
+                return best
+        if self._near is not None:
+            last = toks[-1]
+            pos = self._near[0]
+            for p in range(max(pos + REALIGN_SPAN[0], 1), min(pos + REALIGN_SPAN[1], n - 1)):
+                if toks[p - 1] == last:
+                    return p, -1
+        return None
+
+    def _ngram(self, ctx: list[int]) -> tuple[int, tuple] | None:
+        """The request's tables' prediction, or memory's when it is the more likely to be right."""
+        keys = context_keys(ctx, self.max_order - 1)
+        found = self.lookup_keys(keys)
+        best = None if found is None else (found[1][0], _ngram_bucket("ngram", *found))
+        if self.memory is not None:
+            mem = self.memory.tables.lookup_keys(keys)
+            if mem is not None:
+                alt = (mem[1][0], _ngram_bucket("memory", *mem))
+                if best is None or self._q(alt[1]) > self._q(best[1]):
+                    best = alt
+        return best
+
+    def _q(self, bucket: tuple) -> float:
+        if bucket[0] == "memory":
+            return self.memory.calibration.q(bucket)
+        return self.calibration.q(bucket)
+
+    def predict(self, n: int) -> list[int]:
+        """Up to `n` drafted tokens: the length that maximises expected tokens per unit of cost."""
+        if n <= 0:
+            return []
+        toks = self._all
+        drafts: list[int] = []
+        buckets: list[tuple] = []
+        gain = 0.0  # P_1 + ... + P_k for the drafts so far
+        p_all = 1.0
+        cost = self.cost
+        best_k, best_rate = 0, 1.0 / cost(0)
+        src = self._copy_source()
+        cont = src is not None and src[0] == self._anchor  # the copy the last step was following
+        ctx = toks[-(self.max_order - 1):]
+        while len(drafts) < n:
+            if src is not None:
+                pos, match = src
+                at = pos + len(drafts)
+                tok = toks[at] if at < len(toks) else drafts[at - len(toks)]
+                if match < 0:
+                    bucket = ("realign",)
+                elif match + len(drafts) >= AGREE_BELOW:
+                    bucket = _copy_bucket(match + len(drafts), True, cont)
+                else:
+                    alt = self._ngram(ctx)
+                    bucket = _copy_bucket(match + len(drafts), alt is None or alt[0] == tok, cont)
+                    if alt is not None and not bucket[2] and self._q(alt[1]) > self._q(bucket):
+                        src = None  # the tables know better: stop copying
+                        tok, bucket = alt
+            else:
+                alt = self._ngram(ctx)
+                if alt is None:
+                    break
+                tok, bucket = alt
+            p_all *= self._q(bucket)
+            if p_all < MIN_P:
+                break
+            drafts.append(tok)
+            buckets.append(bucket)
+            gain += p_all
+            rate = (1.0 + gain) / cost(len(drafts))
+            if rate > best_rate:
+                best_k, best_rate = len(drafts), rate
+            ctx.append(tok)
+        k = best_k
+        if k == 0:
+            return []
+        self._last = (drafts[:k], buckets[:k], None if src is None else src[0])
+        return drafts[:k]
+
+
+def make_drafter(draft: int | None = None, *, max_order: int = defaults.MAX_ORDER,
+                 window: int = defaults.WINDOW, cost: Callable[[int], float] | None = None,
+                 memory=None) -> tuple[NGramPredictor, int, str]:
+    """(drafter, most drafted tokens per step, mode) as `run`, `simulate` and `bench` use them.
+
+    No `draft`: the adaptive drafter, up to MAX_DRAFT tokens ("auto"). `draft=N`: the plain n-gram
+    predictor chaining exactly up to N tokens ("fixed N"); 0 turns speculation off.
+    """
+    if draft is None:
+        drafter = AdaptiveDrafter(max_order, window, cost=cost or linear_cost(defaults.BETA),
+                                  memory=memory)
+        return drafter, defaults.MAX_DRAFT, f"auto (up to {defaults.MAX_DRAFT})"
+    return NGramPredictor(max_order, window), draft, f"fixed {draft}"

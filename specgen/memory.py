@@ -1,0 +1,165 @@
+"""Cross-request memory (opt-in): the output n-grams of earlier generations with the same model.
+
+Chat answers from one model reuse its phrasing, so the n-gram tables of earlier outputs predict
+later ones. The memory is a file per model under the user cache directory: bounded in size
+(the most-used contexts are kept), merged under an exclusive lock and replaced atomically (two
+processes may finish at once), and never trusted: a corrupt or foreign file is ignored with a
+warning. It holds no pickles: numpy arrays loaded with allow_pickle=False.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from . import defaults
+from .drafter import Calibration
+from .predictor import NGramPredictor
+
+FORMAT, VERSION = "specgen-memory", 1
+MAX_CONTEXTS = 200_000  # contexts kept per model file (a few MB)
+CACHE_ENV = "SPECGEN_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """specgen's cache directory: $SPECGEN_CACHE_DIR, else the platform's user cache directory."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "specgen"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen"
+
+
+def memory_path(model_key: str) -> Path:
+    """The memory file for a model (its repo id or resolved folder)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model_key).strip("_")[-120:] or "model"
+    return cache_dir() / "memory" / f"{slug}.npz"
+
+
+class NGramMemory:
+    """N-gram tables of earlier outputs plus how well their drafts fared (the "memory" calibration)."""
+
+    def __init__(self, model_key: str = "", max_order: int = defaults.MAX_ORDER,
+                 max_contexts: int = MAX_CONTEXTS):
+        self.model_key = model_key
+        self.max_contexts = max_contexts
+        self.tables = NGramPredictor(max_order=max_order, window=max_order)
+        self.calibration = Calibration()
+        self._added: list[list[int]] = []  # outputs added since load, merged into the file on save
+
+    def add(self, tokens) -> None:
+        """Remember one finished output (its contexts do not run into the previous one's)."""
+        tokens = list(tokens)
+        self.tables.forget_history()
+        self.tables.update_batch(tokens)
+        self._added.append(tokens)
+
+    def contexts(self) -> int:
+        return sum(len(t) for t in self.tables._tables.values())
+
+    # --- persistence ------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: Path, model_key: str, **kw) -> tuple["NGramMemory", str | None]:
+        """The memory stored at `path` (empty if absent) and a warning if the file was unusable."""
+        mem = cls(model_key, **kw)
+        if not path.exists():
+            return mem, None
+        try:
+            mem._read(path)
+        except Exception as e:  # any damage at all: start empty rather than crash
+            return cls(model_key, **kw), f"ignoring memory file {path}: {e}"
+        return mem, None
+
+    def _read(self, path: Path) -> None:
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":
+                raise ValueError("not a specgen memory file")
+        with np.load(path, allow_pickle=False) as z:
+            header = json.loads(bytes(z["header"]).decode("utf-8"))
+            if header.get("format") != FORMAT or header.get("version") != VERSION:
+                raise ValueError("not a specgen memory file of this version")
+            if header.get("model") != self.model_key:
+                raise ValueError(f"it belongs to model {header.get('model')!r}")
+            if header.get("max_order") != self.tables.max_order:
+                raise ValueError("it was made with another n-gram order")
+            order, key, token, count = (z[k] for k in ("order", "key", "token", "count"))
+            cal = z["calibration"]
+        if not (len(order) == len(key) == len(token) == len(count)) or cal.shape != (3,):
+            raise ValueError("its arrays do not fit together")
+        tables = self.tables._tables
+        for o, k, t, c in zip(order.tolist(), key.tolist(), token.tolist(), count.tolist()):
+            if o not in tables or c < 1:
+                raise ValueError("it holds an impossible entry")
+            entry = tables[o].get(k)
+            if entry is None:
+                tables[o][k] = [t, c, {t: c}, c]
+            else:  # rows of a context are written with its best token last
+                entry[2][t] = entry[2].get(t, 0) + c
+                entry[3] += c
+                if entry[2][t] >= entry[1]:
+                    entry[0], entry[1] = t, entry[2][t]
+        self.calibration.set_counts("memory", [float(cal[0]), float(cal[1]), int(cal[2])])
+        self._base_cal = list(self.calibration.counts["memory"])
+
+    def _arrays(self) -> dict:
+        rows = []
+        for o, table in self.tables._tables.items():
+            for k, (best, _, counts, total) in table.items():
+                rows.append((total, o, k, best, counts))
+        if len(rows) > self.max_contexts:  # keep the most-used contexts
+            rows.sort(key=lambda r: r[0], reverse=True)
+            del rows[self.max_contexts:]
+        order, key, token, count = [], [], [], []
+        for _, o, k, best, counts in rows:
+            for t, c in sorted(counts.items(), key=lambda tc: tc[0] == best):  # best last
+                order.append(o)
+                key.append(k)
+                token.append(t)
+                count.append(c)
+        header = json.dumps({"format": FORMAT, "version": VERSION, "model": self.model_key,
+                             "max_order": self.tables.max_order}).encode("utf-8")
+        return {
+            "header": np.frombuffer(header, dtype=np.uint8),
+            "order": np.array(order, dtype=np.int8),
+            "key": np.array(key, dtype=np.uint64),
+            "token": np.array(token, dtype=np.int32),
+            "count": np.array(count, dtype=np.int32),
+            "calibration": np.array(self.calibration.counts.get("memory", [0.0, 0.0, 0]), dtype=np.float64),
+        }
+
+    def save(self, path: Path) -> str | None:
+        """Merge what this process added into the file at `path`, under a lock; return a warning
+        if the file on disk was unusable (it is then replaced)."""
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            merged, warning = NGramMemory.load(path, self.model_key, max_order=self.tables.max_order,
+                                               max_contexts=self.max_contexts)
+            for tokens in self._added:
+                merged.add(tokens)
+            base = getattr(self, "_base_cal", [0.0, 0.0, 0])
+            mine = self.calibration.counts.get("memory", [0.0, 0.0, 0])
+            disk = merged.calibration.counts.get("memory", [0.0, 0.0, 0])
+            merged.calibration.set_counts("memory", [d + m - b for d, m, b in zip(disk, mine, base)])
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    np.savez(f, **merged._arrays())
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        self._added.clear()
+        self._base_cal = list(mine)
+        return warning

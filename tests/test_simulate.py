@@ -1,0 +1,176 @@
+import json
+import multiprocessing
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import SHARED, run
+from specgen.cli import app
+from specgen.decode import Step
+from specgen.drafter import AdaptiveDrafter, make_drafter
+from specgen.memory import NGramMemory
+from specgen.predictor import NGramPredictor
+from specgen.simulate import replay
+
+runner = CliRunner()
+CYCLE_PROMPT = [1, 2, 3, 4] * 2
+
+
+def test_replay_counts_steps_exactly_with_the_fixed_drafter():
+    t = replay(CYCLE_PROMPT, [1, 2, 3, 4] * 5, NGramPredictor(), draft=4, beta=0.1)
+    assert (t.steps, t.drafted, t.accepted) == (4, 16, 16)
+    assert t.cost == pytest.approx(4 * 1.4)
+    # The model deviates (4 -> 5): the same steps as the scripted-model decode test.
+    t = replay(CYCLE_PROMPT, [5, 1, 2, 3, 4, 5, 1], NGramPredictor(), draft=4, beta=0.1)
+    assert (t.steps, t.drafted, t.accepted) == (3, 8, 4)
+
+
+def test_tokens_past_the_end_of_the_output_never_match():
+    # Drafts [2, 3, 4, 1] but the output ends after 2, 3: two accepted, no bonus token.
+    t = replay(CYCLE_PROMPT + [1], [2, 3], NGramPredictor(), draft=4, beta=0.1, max_tokens=10)
+    assert (t.steps, t.accepted, t.output_tokens) == (1, 2, 2)
+
+
+def test_adaptive_drafter_copies_long_spans_and_skips_novel_text():
+    rng = random.Random(1)
+    code = [rng.randrange(3, 30000) for _ in range(400)]
+    copy = replay(code, code, AdaptiveDrafter(), draft=64, beta=0.08)
+    fixed = replay(code, code, NGramPredictor(), draft=4, beta=0.08)
+    assert copy.steps <= 25 and copy.steps < fixed.steps / 3
+    novel = replay(code, [rng.randrange(3, 30000) for _ in range(400)], AdaptiveDrafter(),
+                   draft=64, beta=0.08)
+    assert novel.drafted <= 20 and novel.output_tokens / novel.cost > 0.99
+
+
+@pytest.mark.parametrize("draft", [None, 4])
+def test_simulate_reproduces_the_step_count_of_a_real_run(stories, draft):
+    prompt = stories.tokenizer.encode("Once upon a time, there was a little dog. The little dog")
+    drafter, cap, _ = make_drafter(draft)
+    tokens, steps, _ = run(stories.model, prompt, predictor=drafter, draft=cap, max_tokens=200,
+                           stop_tokens=stories.stop_ids, context_length=stories.context_length)
+    if steps[-1].stop_reason == "stop":
+        tokens = tokens + [1]  # the stop token the run emitted but did not show (BOS ends a story)
+    t = replay(prompt, tokens, make_drafter(draft)[0], draft=cap, beta=0.08, max_tokens=200,
+               context_length=stories.context_length)
+    assert t.steps == len(steps)
+    assert t.accepted == sum(s.accepted for s in steps) or steps[-1].stop_reason == "stop"
+    assert t.drafted == sum(s.drafted for s in steps)
+
+
+def _trace_file(tmp_path, rows):
+    path = tmp_path / "traces.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_simulate_json_per_file_and_category(tmp_path):
+    f = _trace_file(tmp_path, [
+        {"id": "a", "category": "loop", "prompt_ids": CYCLE_PROMPT, "output_ids": [1, 2, 3, 4] * 5},
+        {"id": "b", "category": "edit", "prompt_ids": CYCLE_PROMPT, "output_ids": [5, 1, 2, 3, 4, 5, 1]},
+    ])
+    r = runner.invoke(app, ["simulate", f, "--draft", "4", "--beta", "0.1", "--json"])
+    assert r.exit_code == 0, r.output
+    (d,) = json.loads(r.stdout)
+    for key in ["file", "output_tokens", "steps", "tokens_per_step", "drafted_per_step",
+                "acceptance_rate", "predicted_speedup", "us_per_token", "categories"]:
+        assert key in d
+    assert (d["output_tokens"], d["steps"]) == (27, 7)
+    assert d["categories"]["loop"]["steps"] == 4 and d["categories"]["edit"]["steps"] == 3
+    assert d["predicted_speedup"] == round(27 / (7 + 0.1 * 24), 4)
+    assert runner.invoke(app, ["simulate", f, "--draft", "4", "--json"]).stdout.count('"steps"') == 3
+
+
+def test_simulate_text_traces_with_a_real_tokenizer(tmp_path):
+    text = "def add(a, b):\n    return a + b\n" * 3
+    f = _trace_file(tmp_path, [{"prompt": "Rewrite:\n" + text, "output": text}])
+    for tok in [SHARED / "tokenizers/llama2/tokenizer.model", SHARED / "tokenizers/smollm2/tokenizer.json", "demo"]:
+        r = runner.invoke(app, ["simulate", f, "-t", str(tok), "--json"])
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.stdout)[0]
+        assert d["tokens_per_step"] > 3, tok
+    r = runner.invoke(app, ["simulate", f, "-t", str(SHARED / "tokenizers/llama2/tokenizer.model")])
+    assert "traces.jsonl" in r.stdout and "tok/step" in r.stdout
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{not json\n", "traces.jsonl:1: not JSON"),
+    ('{"prompt": "x"}\n', "needs \"output\""),
+    ('{"prompt": "x", "output": "y"}\n', "text traces need --tokenizer"),
+])
+def test_simulate_bad_traces_are_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "traces.jsonl"
+    path.write_text(content)
+    r = runner.invoke(app, ["simulate", str(path)])
+    assert r.exit_code == 1 and message in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_memory_carries_phrases_across_traces(tmp_path):
+    answer = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16] * 2
+    rows = [{"category": "chat", "prompt_ids": [100 + i], "output_ids": answer} for i in range(5)]
+    f = _trace_file(tmp_path, rows)
+    off = json.loads(runner.invoke(app, ["simulate", f, "--json"]).stdout)[0]
+    on = json.loads(runner.invoke(app, ["simulate", f, "--json", "--memory"]).stdout)[0]
+    assert on["steps"] < off["steps"] and on["tokens_per_step"] > 2 * off["tokens_per_step"]
+
+
+def test_memory_file_round_trips_and_is_bounded(tmp_path):
+    path = tmp_path / "m.npz"
+    mem = NGramMemory("model-a", max_contexts=50)
+    rng = random.Random(0)
+    for _ in range(20):
+        mem.add([rng.randrange(1000) for _ in range(30)])
+    mem.add([1, 2, 3, 4, 5] * 4)
+    assert mem.save(path) is None
+    back, warning = NGramMemory.load(path, "model-a", max_contexts=50)
+    assert warning is None and 0 < back.contexts() <= 50
+    assert back.tables.lookup([2, 3, 4]) == 5  # the most used contexts survive the bound
+
+
+@pytest.mark.parametrize("content", [b"garbage", b"PK\x03\x04broken zip"])
+def test_corrupt_memory_file_is_ignored_with_a_warning(tmp_path, content):
+    path = tmp_path / "m.npz"
+    path.write_bytes(content)
+    mem, warning = NGramMemory.load(path, "model-a")
+    assert mem.contexts() == 0 and "ignoring memory file" in warning
+    mem.add([1, 2, 3, 4])
+    assert "ignoring" in mem.save(path)  # replaced with a good file
+    assert NGramMemory.load(path, "model-a")[1] is None
+
+
+def test_memory_of_another_model_is_ignored_with_a_warning(tmp_path):
+    path = tmp_path / "m.npz"
+    mem = NGramMemory("model-a")
+    mem.add([1, 2, 3, 4])
+    mem.save(path)
+    other, warning = NGramMemory.load(path, "model-b")
+    assert other.contexts() == 0 and "belongs to model 'model-a'" in warning
+
+
+def _save_in_process(path, seed):
+    mem = NGramMemory("model-a")
+    mem.add([seed, seed + 1, seed + 2, seed + 3])
+    mem.save(path)
+
+
+def test_concurrent_saves_keep_both_outputs(tmp_path):
+    path = tmp_path / "m.npz"
+    procs = [multiprocessing.get_context("spawn").Process(target=_save_in_process, args=(path, s))
+             for s in (10, 20, 30, 40)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    mem, warning = NGramMemory.load(path, "model-a")
+    assert warning is None
+    for s in (10, 20, 30, 40):
+        assert mem.tables.lookup([s, s + 1, s + 2]) == s + 3
+
+
+def test_run_memory_speeds_up_a_repeated_request(tmp_path):
+    env = {"SPECGEN_CACHE_DIR": str(tmp_path), "SPECGEN_MODEL": "demo"}
+    args = ["run", "--memory", "-n", "80", "--json", "Once upon a time"]
+    first = json.loads(runner.invoke(app, args, env=env).stdout)
+    second = json.loads(runner.invoke(app, args, env=env).stdout)
+    assert second["text"] == first["text"] and second["steps"] < first["steps"] / 2
+    assert list((tmp_path / "memory").glob("*.npz"))
