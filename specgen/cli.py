@@ -69,6 +69,24 @@ def _resolve_model(name: str):
     return registry.resolve(name, registry.load_registry(user_models_file()))
 
 
+def _cost_for(loaded, draft, recalibrate, notice):
+    """The measured verify-cost function for the adaptive drafter, and a note for the stats."""
+    if draft is not None:
+        return None, ""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .calibrate import cost_function, describe, load_or_measure
+    from .decode import rollback_limit
+
+    if rollback_limit(make_prompt_cache(loaded.model))[1]:
+        return None, ""  # no speculation: generate() says why
+    vocab = len(loaded.tokenizer.vocab) if hasattr(loaded.tokenizer, "vocab") else 32
+    curve, fresh = load_or_measure(loaded.model, loaded.key, vocab, recalibrate=recalibrate)
+    if fresh:
+        notice(f"measured verify cost for {loaded.spec.name}: {describe(curve)} (cached)")
+    return cost_function(curve), f", {describe(curve)}"
+
+
 @app.command()
 @cli_errors
 def run(
@@ -80,6 +98,7 @@ def run(
     draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
                                         help="Draft exactly up to N tokens per step with the plain n-gram predictor; 0 = plain decoding. Default: the adaptive drafter chooses."),
     memory: bool = typer.Option(False, "--memory", help="Learn from and add to this model's n-gram memory of earlier outputs."),
+    recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure this model's verify-cost curve again."),
     ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
     window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
     temp: float = typer.Option(defaults.TEMP, "--temp", help="Sampling temperature; 0 = greedy."),
@@ -120,8 +139,10 @@ def run(
         mem, mem_warning = NGramMemory.load(mem_path, loaded.key, max_order=ngram_order)
         if mem_warning:
             notice(f"warning: {mem_warning}")
-    predictor, cap, mode = make_drafter(draft, max_order=ngram_order, window=window, memory=mem)
-    stats = RunStats(model=loaded.spec.name, draft_mode=mode, temp=temp,
+    cost, mode_note = _cost_for(loaded, draft, recalibrate, notice)
+    predictor, cap, mode = make_drafter(draft, max_order=ngram_order, window=window, memory=mem,
+                                        cost=cost)
+    stats = RunStats(model=loaded.spec.name, draft_mode=mode + mode_note, temp=temp,
                      seed=getattr(selector, "seed", None))
     events = generate(loaded.model, ids, predictor=predictor, draft=cap, max_tokens=max_tokens,
                       stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
@@ -201,6 +222,59 @@ def simulate(
     from .report import simulate_table
 
     simulate_table(reports, draft_mode=make_drafter(draft)[2], beta=beta, memory=memory)
+
+
+@app.command()
+@cli_errors
+def bench(
+    model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
+                              help="Alias from models.toml, Hugging Face repo id, or local folder."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", show_default=False,
+                                          help="Your prompts: one per line, or JSONL {\"prompt\", \"set\"}. Default: built-in sets."),
+    max_tokens: int = typer.Option(defaults.BENCH_MAX_TOKENS, "-n", "--max-tokens", help="Tokens per prompt."),
+    repeats: int = typer.Option(defaults.BENCH_REPEATS, "--repeats", help="Timed rounds per set."),
+    draft: Optional[int] = typer.Option(None, "--draft", show_default=False, help="Fixed draft length (as run --draft); default: adaptive."),
+    recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure the verify-cost curve again."),
+    raw: bool = typer.Option(False, "--raw", help="Send prompts without the chat template."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per prompt set."),
+):
+    """Measure specgen against mlx-lm's plain greedy decoding on the same prompts."""
+    from .bench import builtin_sets, read_prompt_file, run_set
+    from .decode import check_settings
+    from .drafter import make_drafter
+    from .prompts import encode_prompt
+
+    check_settings(max_tokens=max_tokens, draft=draft)
+    if repeats < 1:
+        raise SpecgenError(f"--repeats must be at least 1 (got {repeats})")
+    sets = read_prompt_file(prompts) if prompts else None
+    loaded = registry.load(_resolve_model(model))
+    chat = loaded.spec.chat_template and not raw and getattr(loaded.tokenizer, "has_chat_template", False)
+    sets = sets or builtin_sets(chat)
+
+    def progress(message):
+        sys.stderr.write(f"specgen bench: {message}\n")
+
+    cost, note = _cost_for(loaded, draft, recalibrate, progress)
+    mode = make_drafter(draft)[2] + note
+    results = []
+    for name, texts in sets.items():
+        ids = [encode_prompt(loaded.tokenizer, t, chat=chat) for t in texts]
+        progress(f"{name}: {len(ids)} prompt(s) x {repeats} rounds, {max_tokens} tokens each")
+        res = run_set(name, loaded.model, ids, max_tokens=max_tokens, repeats=repeats,
+                      stop=loaded.stop_ids, context_length=loaded.context_length,
+                      make=lambda: make_drafter(draft, cost=cost)[:2])
+        results.append(res.to_dict())
+    for r in results:
+        for d in r["divergences"]:
+            progress(f"{r['set']}: prompt {d['prompt']} diverges from mlx-lm at token {d['at_token']}")
+    if json_out:
+        sys.stdout.write(json.dumps([{"model": loaded.spec.name, "draft_mode": mode, **r} for r in results],
+                                    indent=1) + "\n")
+        return
+    from .report import bench_table
+
+    bench_table(results, model=loaded.spec.name, draft_mode=mode)
 
 
 @app.command()

@@ -27,3 +27,21 @@ def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool) -> No
                           f"{d['drafted_per_step']:.2f}", f"{d['acceptance_rate']:.1%}",
                           f"{d['predicted_speedup']:.3f}x", f"{d['us_per_token']:.1f}", style=style)
     Console(highlight=False, width=max(Console().width, 110)).print(table)
+
+
+def bench_table(results, *, model: str, draft_mode: str) -> None:
+    """One row per prompt set: both speeds, the speedup spread, and whether outputs matched."""
+    import os
+
+    blas = os.environ.get("LD_PRELOAD", "") or "bundled BLAS"
+    table = Table(title=f"{model}: specgen (draft {draft_mode}) vs mlx-lm greedy; {blas}",
+                  title_justify="left")
+    for col in ("set", "mlx-lm tok/s", "specgen tok/s", "speedup (min-max)", "tok/step", "accept",
+                "identical"):
+        table.add_column(col, justify="left" if col == "set" else "right")
+    for r in results:
+        table.add_row(r["set"], f"{r['baseline_tps']:.1f}", f"{r['specgen_tps']:.1f}",
+                      f"{r['speedup_median']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})",
+                      f"{r['tokens_per_step']:.2f}", f"{r['acceptance_rate']:.0%}",
+                      "yes" if r["identical"] else "NO")
+    Console(highlight=False, width=max(Console().width, 110)).print(table)

@@ -93,8 +93,9 @@ class RunStats:
 
     def summary(self) -> str:
         """The one-line report printed after generating."""
-        spec = (f"accepted {self.accepted}/{self.drafted} drafts ({self.acceptance_rate:.0%}), "
-                f"{self.tokens_per_step:.2f} tok/step" if self.speculation == "on"
+        spec = (f"draft {self.draft_mode.split(',')[0]}: accepted {self.accepted}/{self.drafted} "
+                f"({self.acceptance_rate:.0%}), {self.tokens_per_step:.2f} tok/step"
+                if self.speculation == "on"
                 else f"speculation {self.speculation}")
         return (f"{self.model}: {self.prompt_tokens} prompt tok in {self.prefill_s:.2f}s; "
                 f"{self.generated_tokens} tok in {self.decode_s:.2f}s ({self.decode_tps:.1f} tok/s), "

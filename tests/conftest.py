@@ -2,6 +2,7 @@
 
 import importlib
 import json
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -43,6 +44,18 @@ def tiny_model(arch: str, seed: int = 0):
     model = module.Model(module.ModelArgs.from_dict(TINY[arch]))
     mx.eval(model.parameters())
     return model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory):
+    """Calibration curves and memory files go to a temporary cache, shared by the session."""
+    old = os.environ.get("SPECGEN_CACHE_DIR")
+    os.environ["SPECGEN_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        del os.environ["SPECGEN_CACHE_DIR"]
+    else:
+        os.environ["SPECGEN_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="session")

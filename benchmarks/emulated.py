@@ -1,0 +1,134 @@
+"""Speedup on a realistic-size target whose output is a real model's: a Llama-shaped random-weight
+model of about 50M parameters (hidden 512, 8 layers, vocab 32000, float32) runs real forward
+passes, and a wrapper then makes the recorded trace's next token the argmax at every position.
+So the cost of every forward pass is real and the text is what a real 7B model wrote.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/emulated.py \\
+        [--traces 6] [--max-tokens 256] [--repeats 3]
+
+Traces are tokenized with the Llama-2 tokenizer from ../shared. Reports, per trace file, mlx-lm
+plain greedy and specgen (default adaptive drafter with the measured cost curve, and --draft 0)
+decode tok/s (prefill excluded, as in `specgen bench`) in the same process, alternating order,
+medians over repeats, and whether outputs matched the trace.
+"""
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models import llama
+
+from specgen.bench import mlx_lm_tokens, specgen_tokens
+from specgen.calibrate import cost_function, describe, measure, relative
+from specgen.drafter import make_drafter
+from specgen.simulate import load_tokenizer
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+FILES = ["code_edit_qwen25coder_7b", "code_fix_python", "chat_llama2_7b", "chat_mistral_7b",
+         "chat_qwen15_7b"]
+
+
+class Forced:
+    """Wraps a model: real logits, then the trace's next token made the argmax at each position."""
+
+    def __init__(self, model, sequence):
+        self.model, self.layers = model, model.layers
+        self.seq = mx.array(sequence + [2])  # past the end: EOS
+        self.n = len(sequence)
+
+    def __call__(self, x, cache):
+        start = cache[0].offset
+        logits = self.model(x, cache=cache)
+        pos = mx.minimum(mx.arange(start + 1, start + 1 + x.shape[1]), self.n)
+        forced = self.seq[pos]
+        boost = (mx.arange(logits.shape[-1])[None, None, :] == forced[None, :, None]) * 1e4
+        return logits + boost
+
+
+def build_model(seed=0):
+    args = llama.ModelArgs(model_type="llama", hidden_size=512, num_hidden_layers=8,
+                           intermediate_size=1408, num_attention_heads=8, num_key_value_heads=8,
+                           rms_norm_eps=1e-5, vocab_size=32000, tie_word_embeddings=False)
+    mx.random.seed(seed)
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--traces", type=int, default=6, help="traces per file")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-prompt", type=int, default=1024, help="skip traces with longer prompts")
+    args = ap.parse_args()
+    enc = load_tokenizer(str(SHARED / "tokenizers/llama2/tokenizer.model"))
+    model = build_model()
+    params = sum(v.size for _, v in __import__("mlx.utils").utils.tree_flatten(model.parameters()))
+    seconds = measure(model, 32000)
+    curve = relative(seconds)
+    cost = cost_function(curve)
+    blas = os.environ.get("LD_PRELOAD") or "the mlx wheel's bundled BLAS"
+    print(f"# {params / 1e6:.1f}M-parameter llama (float32), BLAS: {blas}")
+    print(f"# one position {seconds[1] * 1e3:.1f} ms; {describe(curve)}; cost(4 drafts) = {cost(4):.2f}")
+    print(f"{'set':28} {'mlx-lm':>8} {'specgen':>8} {'speedup':>8} {'min':>6} {'max':>6} "
+          f"{'draft0':>7} {'tok/step':>8} {'identical':>9}")
+    results = []
+    for name in FILES:
+        rows = [json.loads(l) for l in (SHARED / f"traces/{name}.jsonl").read_text().splitlines()]
+        picked = []
+        for row in rows[:: max(1, len(rows) // (4 * args.traces))]:
+            prompt = [1] + enc(row["prompt"])
+            output = enc(row["output"])
+            if len(prompt) <= args.max_prompt and len(output) >= 32:
+                picked.append((prompt, output[: args.max_tokens]))
+            if len(picked) == args.traces:
+                break
+        ratios, d0_ratios, base_tps, spec_tps = [], [], [], []
+        tokens = steps = 0
+        identical = True
+        for r in range(args.repeats):
+            t_base = t_spec = t_d0 = 0.0
+            n_base = n_spec = n_d0 = 0
+            for i, (prompt, output) in enumerate(picked):
+                forced = Forced(model, prompt + output)
+                order = ["base", "spec", "d0"] if (r + i) % 2 == 0 else ["d0", "spec", "base"]
+                for who in order:
+                    if who == "base":
+                        ref, n, secs = mlx_lm_tokens(forced, prompt, len(output), frozenset())
+                        t_base += secs
+                        n_base += n
+                    elif who == "spec":
+                        spec_out, st, secs = specgen_tokens(forced, prompt, len(output), frozenset(),
+                                                            lambda: make_drafter(None, cost=cost)[:2], None)
+                        t_spec += secs
+                        n_spec += len(spec_out)
+                        if r == 0:
+                            tokens += len(spec_out)
+                            steps += len(st)
+                    else:
+                        out, _, secs = specgen_tokens(forced, prompt, len(output), frozenset(),
+                                                      lambda: make_drafter(0)[:2], None)
+                        t_d0 += secs
+                        n_d0 += len(out)
+                identical &= ref == spec_out == output
+            base_tps.append(n_base / t_base)
+            spec_tps.append(n_spec / t_spec)
+            ratios.append((n_spec / t_spec) / (n_base / t_base))
+            d0_ratios.append((n_d0 / t_d0) / (n_base / t_base))
+        res = dict(set=name, traces=len(picked), baseline_tps=statistics.median(base_tps),
+                   specgen_tps=statistics.median(spec_tps), speedup_median=statistics.median(ratios),
+                   speedup_min=min(ratios), speedup_max=max(ratios),
+                   draft0_ratio=statistics.median(d0_ratios), tokens_per_step=tokens / steps,
+                   identical=identical)
+        results.append(res)
+        print(f"{name:28} {res['baseline_tps']:8.1f} {res['specgen_tps']:8.1f} "
+              f"{res['speedup_median']:7.2f}x {res['speedup_min']:6.2f} {res['speedup_max']:6.2f} "
+              f"{res['draft0_ratio']:7.3f} {res['tokens_per_step']:8.2f} {str(identical):>9}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The verify-cost curve: how long a forward pass over k positions takes relative to one position,
+measured once per model and machine and cached, so the drafter can weigh longer drafts against
+what they really cost here (Leviathan et al. 2023, sec. 3.5, with a measured cost function).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from bisect import bisect_left
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+from .memory import cache_dir
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that are timed
+CONTEXT = 128  # tokens in the cache while timing (a short prompt's worth)
+BUDGET_S = 1.5  # about how long a calibration may take
+
+
+def machine_id() -> str:
+    """What the curve depends on besides the model: this machine, its MLX device and version."""
+    return f"{platform.node()}|{platform.machine()}|{mx.default_device()}|mlx {mx.__version__}"
+
+
+def measure(model, vocab_size: int, sizes=SIZES, budget_s: float = BUDGET_S) -> dict[int, float]:
+    """Median seconds of a forward pass (with argmax read-back, as a verify step does) per size."""
+    cache = make_prompt_cache(model)
+    ids = mx.array([list(range(3, 3 + CONTEXT))], mx.uint32) % vocab_size
+    model(ids, cache=cache)
+    mx.eval([c.state for c in cache])
+
+    def step(k):
+        x = mx.array([[5 + i % 7 for i in range(k)]], mx.uint32) % vocab_size
+        t = time.perf_counter()
+        mx.argmax(model(x, cache=cache)[0], axis=-1).tolist()
+        dt = time.perf_counter() - t
+        trim_prompt_cache(cache, k)
+        return dt
+
+    for k in sizes:  # warm-up: first calls compile kernels and allocate
+        step(k)
+    per_round = sum(step(k) for k in sizes)
+    rounds = max(3, min(25, int(budget_s / max(per_round, 1e-6))))
+    times = {k: [] for k in sizes}
+    for r in range(rounds):
+        for k in (sizes if r % 2 == 0 else reversed(sizes)):
+            times[k].append(step(k))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def relative(seconds: dict[int, float]) -> dict[int, float]:
+    """Costs relative to one position; never below 1 or decreasing (noise on tiny models)."""
+    base = seconds[min(seconds)]
+    out, floor = {}, 1.0
+    for k in sorted(seconds):
+        floor = max(floor, seconds[k] / base)
+        out[k] = floor
+    return out
+
+
+def cost_function(curve: dict[int, float]) -> Callable[[int], float]:
+    """cost(k) for k drafted tokens (k + 1 positions), interpolated linearly in the curve and
+    extrapolated from its last two points."""
+    sizes = sorted(curve)
+    vals = [curve[s] for s in sizes]
+
+    def cost(k: int) -> float:
+        n = k + 1
+        i = bisect_left(sizes, n)
+        if i < len(sizes) and sizes[i] == n:
+            return vals[i]
+        if i == 0:
+            return vals[0]
+        if i == len(sizes):
+            i -= 1
+        s0, s1, v0, v1 = sizes[i - 1], sizes[i], vals[i - 1], vals[i]
+        return v0 + (v1 - v0) * (n - s0) / (s1 - s0)
+
+    return cost
+
+
+def calibration_file() -> Path:
+    return cache_dir() / "calibration.json"
+
+
+def load_or_measure(model, model_key: str, vocab_size: int, *, recalibrate: bool = False
+                    ) -> tuple[dict[int, float], bool]:
+    """The cached curve for this model on this machine, or a fresh measurement (then cached).
+
+    Returns (curve, measured_now). A damaged cache file is simply measured over.
+    """
+    path = calibration_file()
+    key = f"{model_key}|{machine_id()}"
+    try:
+        store = json.loads(path.read_text())
+        if not isinstance(store, dict):
+            store = {}
+    except (OSError, ValueError):
+        store = {}
+    entry = store.get(key)
+    if not recalibrate and isinstance(entry, dict):
+        try:
+            return {int(k): float(v) for k, v in entry["relative"].items()}, False
+        except (KeyError, ValueError, TypeError, AttributeError):
+            pass
+    seconds = measure(model, vocab_size)
+    curve = relative(seconds)
+    store[key] = {"relative": {str(k): v for k, v in curve.items()},
+                  "seconds": {str(k): v for k, v in seconds.items()}, "measured": time.time()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(store, f, indent=1)
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+    return curve, True
+
+
+def describe(curve: dict[int, float]) -> str:
+    """e.g. "cost x1.00/1.21/1.45/2.03 at 1/2/4/8 positions"."""
+    ks = [k for k in sorted(curve) if k <= 16]
+    return "cost x" + "/".join(f"{curve[k]:.2f}" for k in ks) + " at " + "/".join(map(str, ks)) + " positions"
+

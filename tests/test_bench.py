@@ -1,0 +1,77 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import ScriptedModel
+from specgen.bench import read_prompt_file, run_set
+from specgen.calibrate import cost_function, load_or_measure, relative
+from specgen.drafter import make_drafter
+from specgen.errors import InputError
+from specgen.cli import app
+
+runner = CliRunner()
+
+
+def test_relative_curve_is_normalised_and_never_decreasing():
+    curve = relative({1: 2.0, 2: 2.4, 4: 2.2, 8: 4.0})
+    assert curve == {1: 1.0, 2: 1.2, 4: 1.2, 8: 2.0}
+
+
+def test_cost_function_interpolates_and_extrapolates():
+    cost = cost_function({1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4})
+    assert cost(0) == 1.0 and cost(1) == 1.2 and cost(3) == 1.6
+    assert cost(2) == pytest.approx(1.4)  # 3 positions: halfway between 2 and 4
+    assert cost(11) == pytest.approx(3.2)  # 12 positions: the 4 -> 8 slope continued
+
+
+def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    curve, fresh = load_or_measure(stories.model, "m", 512)
+    assert fresh and curve[1] == 1.0 and all(curve[k] >= 1.0 for k in curve)
+    again, fresh = load_or_measure(stories.model, "m", 512)
+    assert not fresh and again == curve
+    assert load_or_measure(stories.model, "m", 512, recalibrate=True)[1]
+    (tmp_path / "calibration.json").write_text("{broken")
+    assert load_or_measure(stories.model, "m", 512)[1]  # a damaged cache is measured over
+
+
+def test_run_set_reports_identical_outputs_and_consistent_stats():
+    model = ScriptedModel({1: 2, 2: 3, 3: 4, 4: 1})
+    res = run_set("cycle", model, [[1, 2, 3, 4] * 2, [2, 3, 4, 1] * 2], max_tokens=20, repeats=2,
+                  stop=frozenset(), make=lambda: make_drafter(4)[:2]).to_dict()
+    assert res["identical"] and res["divergences"] == []
+    assert res["tokens_per_step"] == 5.0 and res["acceptance_rate"] == 1.0
+    assert res["speedup_min"] <= res["speedup_median"] <= res["speedup_max"]
+
+
+def test_prompt_files_lines_or_jsonl(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("first prompt\n\nsecond prompt\n")
+    assert read_prompt_file(str(f)) == {"custom": ["first prompt", "second prompt"]}
+    f.write_text('{"prompt": "a", "set": "edit"}\n{"prompt": "b"}\n')
+    assert read_prompt_file(str(f)) == {"edit": ["a"], "custom": ["b"]}
+    f.write_text('{"nope": 1}\n')
+    with pytest.raises(InputError, match="p.txt:1"):
+        read_prompt_file(str(f))
+
+
+def test_bench_json_on_the_demo_model(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Once upon a time\nThe little dog was sad because\n")
+    r = runner.invoke(app, ["bench", "--prompts", str(prompts), "-n", "24", "--repeats", "2", "--json"],
+                      env={"SPECGEN_CACHE_DIR": str(tmp_path), "SPECGEN_MODEL": "demo"})
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads(r.stdout)
+    for key in ["set", "baseline_tps", "specgen_tps", "speedup_median", "speedup_min",
+                "speedup_max", "tokens_per_step", "acceptance_rate", "identical"]:
+        assert key in row
+    assert row["set"] == "custom" and row["identical"] is True
+    assert row["baseline_tps"] > 0 and row["specgen_tps"] > 0
+
+
+def test_bench_bad_input_is_one_line():
+    r = runner.invoke(app, ["bench", "--prompts", "/nonexistent.txt"])
+    assert r.exit_code == 1 and "no such prompts file" in r.stderr
+    r = runner.invoke(app, ["bench", "--repeats", "0"])
+    assert r.exit_code == 1 and "--repeats must be at least 1" in r.stderr
