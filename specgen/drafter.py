@@ -26,7 +26,7 @@ COPY_KEY = 3  # tokens of context that locate an earlier occurrence to copy from
 COPY_CANDIDATES = 8  # earlier occurrences remembered per context; the longest backward match wins
 MATCH_CAP = 128  # longest backward match measured
 AGREE_BELOW = 16  # below this match length, ask the n-gram tables for a second opinion
-MIN_P = 0.02  # stop extending a draft once the chance that all of it is accepted falls below this
+MIN_P = 0.05  # stop extending a draft once the chance that all of it is accepted falls below this
 REALIGN_SPAN = (-2, 12)  # after a copy breaks, look for the last token this close to where it was
 REALIGN_STEPS = 6  # steps after a broken copy during which realigning is tried
 SHRINK = 2.0  # pseudo-observations that hold a request's rescaling near 1 until evidence builds
@@ -43,7 +43,8 @@ _NGRAM_PRIOR = {
     3: ((0.05, 0.15, 0.25, 0.35), (0.15, 0.3, 0.4, 0.5), (0.4, 0.7, 0.8, 0.85)),
     2: ((0.05, 0.1, 0.15, 0.2), (0.1, 0.2, 0.3, 0.4), (0.25, 0.5, 0.65, 0.75)),
 }
-_MEMORY_ODDS = 0.5  # memory n-grams start at half the odds of the request's own
+_MEMORY_ODDS = 0.5  # memory n-grams and copies start at half the odds of the request's own
+_MEMORY_KINDS = ("memory", "mcopy")
 
 
 def _odds_scaled(q: float, factor: float) -> float:
@@ -51,11 +52,11 @@ def _odds_scaled(q: float, factor: float) -> float:
     return odds / (1.0 + odds)
 
 
-def _copy_bucket(match: int, agree: bool, cont: bool) -> tuple:
+def _copy_bucket(match: int, agree: bool, cont: bool, kind: str = "copy") -> tuple:
     for bound in _COPY_PRIOR:
         if match < bound:
-            return ("copy", bound, agree, cont)
-    return ("copy", MATCH_CAP + 1, True, cont)
+            return (kind, bound, agree, cont)
+    return (kind, MATCH_CAP + 1, True, cont)
 
 
 def _ngram_bucket(kind: str, order: int, entry: list) -> tuple:
@@ -68,8 +69,10 @@ def prior(bucket: tuple) -> float:
     kind = bucket[0]
     if kind == "realign":
         return _REALIGN_PRIOR
-    if kind == "copy":
+    if kind in ("copy", "mcopy"):
         q = _COPY_PRIOR[bucket[1]][bucket[2]]
+        if kind == "mcopy":
+            return _odds_scaled(q, _MEMORY_ODDS)
         return _odds_scaled(q, CONT_ODDS) if bucket[3] else q
     q = _NGRAM_PRIOR[bucket[1]][bucket[2]][bucket[3] - 1]
     return _odds_scaled(q, _MEMORY_ODDS) if kind == "memory" else q
@@ -78,6 +81,11 @@ def prior(bucket: tuple) -> float:
 def linear_cost(beta: float) -> Callable[[int], float]:
     """cost(k) = 1 + beta * k: verifying k drafted tokens, relative to a one-token step."""
     return lambda k: 1.0 + beta * k
+
+
+def _kind(bucket: tuple) -> str:
+    """Which rescaling a bucket shares (realigning is a kind of copy)."""
+    return "copy" if bucket[0] == "realign" else bucket[0]
 
 
 class Calibration:
@@ -90,7 +98,7 @@ class Calibration:
 
     def record(self, bucket: tuple, hit: bool) -> None:
         """Count one judged draft token."""
-        kind = "copy" if bucket[0] == "realign" else bucket[0]
+        kind = _kind(bucket)
         acc, exp, n = self.counts.get(kind, (0.0, 0.0, 0))
         self.set_counts(kind, [acc + hit, exp + prior(bucket), n + 1])
 
@@ -104,8 +112,7 @@ class Calibration:
     def q(self, bucket: tuple) -> float:
         q = self._q.get(bucket)
         if q is None:
-            kind = "copy" if bucket[0] == "realign" else bucket[0]
-            q = self._q[bucket] = _odds_scaled(prior(bucket), self.scale.get(kind, 1.0))
+            q = self._q[bucket] = _odds_scaled(prior(bucket), self.scale.get(_kind(bucket), 1.0))
         return q
 
 
@@ -156,7 +163,7 @@ class AdaptiveDrafter(NGramPredictor):
             for b in buckets:
                 hit = n < len(tokens) and tokens[n] == drafts[n]
                 # Memory's calibration lives with the memory: it carries over between requests.
-                (self.memory.calibration if b[0] == "memory" else self.calibration).record(b, hit)
+                (self.memory.calibration if b[0] in _MEMORY_KINDS else self.calibration).record(b, hit)
                 if not hit:
                     break  # later tokens were never judged on their own
                 n += 1
@@ -167,27 +174,43 @@ class AdaptiveDrafter(NGramPredictor):
         for t in tokens:
             self.update(t)
 
-    def _copy_source(self) -> tuple[int, int] | None:
-        """(position to copy from, backward match length; -1 when realigning) or None."""
+    def _copy_source(self) -> tuple[list[int], int, int] | None:
+        """(tokens to copy from, position, backward match; -1 when realigning) or None.
+
+        The longest match in the request's own text or in memory (memory is searched only when the
+        request's own match is short), else a realignment after a broken copy.
+        """
         toks = self._all
-        n = len(toks)
-        if n > COPY_KEY:
-            best = None
-            for p in self._seen.get(context_keys(toks, COPY_KEY)[COPY_KEY], ()):
-                m = 0
-                while m < MATCH_CAP and p - 1 - m >= 0 and toks[p - 1 - m] == toks[n - 1 - m]:
-                    m += 1
-                if m >= COPY_KEY and (best is None or m > best[1]):
-                    best = (p, m)
-            if best is not None:
-                return best
+        if len(toks) < COPY_KEY:
+            return None
+        key = context_keys(toks, COPY_KEY)[COPY_KEY]
+        best = self._longest_match(toks, self._seen.get(key, ()))
+        if self.memory is not None and (best is None or best[1] < AGREE_BELOW):
+            mem = self._longest_match(self.memory.stream, self.memory.index.get(key, ()))
+            if mem is not None and (best is None or mem[1] > best[1]):
+                return (self.memory.stream, *mem)
+        if best is not None:
+            return (toks, *best)
         if self._near is not None:
             last = toks[-1]
             pos = self._near[0]
-            for p in range(max(pos + REALIGN_SPAN[0], 1), min(pos + REALIGN_SPAN[1], n - 1)):
+            for p in range(max(pos + REALIGN_SPAN[0], 1), min(pos + REALIGN_SPAN[1], len(toks) - 1)):
                 if toks[p - 1] == last:
-                    return p, -1
+                    return toks, p, -1
         return None
+
+    def _longest_match(self, seq: list[int], candidates) -> tuple[int, int] | None:
+        """(position, match) of the candidate whose preceding tokens match the end the longest."""
+        toks = self._all
+        n = len(toks)
+        best = None
+        for p in candidates:
+            m = 0
+            while m < MATCH_CAP and p - 1 - m >= 0 and seq[p - 1 - m] == toks[n - 1 - m]:
+                m += 1
+            if m >= COPY_KEY and (best is None or m > best[1]):
+                best = (p, m)
+        return best
 
     def _ngram(self, ctx: list[int]) -> tuple[int, tuple] | None:
         """The request's tables' prediction, or memory's when it is the more likely to be right."""
@@ -203,7 +226,7 @@ class AdaptiveDrafter(NGramPredictor):
         return best
 
     def _q(self, bucket: tuple) -> float:
-        if bucket[0] == "memory":
+        if bucket[0] in _MEMORY_KINDS:
             return self.memory.calibration.q(bucket)
         return self.calibration.q(bucket)
 
@@ -219,20 +242,30 @@ class AdaptiveDrafter(NGramPredictor):
         cost = self.cost
         best_k, best_rate = 0, 1.0 / cost(0)
         src = self._copy_source()
-        cont = src is not None and src[0] == self._anchor  # the copy the last step was following
+        if src is not None:
+            seq, pos, match = src
+            own = seq is toks
+            kind = "copy" if own else "mcopy"
+            cont = own and pos == self._anchor  # the copy the last step was following
         ctx = toks[-(self.max_order - 1):]
         while len(drafts) < n:
             if src is not None:
-                pos, match = src
                 at = pos + len(drafts)
-                tok = toks[at] if at < len(toks) else drafts[at - len(toks)]
+                if at < len(seq):
+                    tok = seq[at]
+                elif own:  # the copy reached the end: it repeats what it just drafted
+                    tok = drafts[at - len(seq)]
+                else:
+                    break
+                if tok < 0:  # the end of an output in memory's stream
+                    break
                 if match < 0:
                     bucket = ("realign",)
                 elif match + len(drafts) >= AGREE_BELOW:
-                    bucket = _copy_bucket(match + len(drafts), True, cont)
+                    bucket = _copy_bucket(match + len(drafts), True, cont, kind)
                 else:
                     alt = self._ngram(ctx)
-                    bucket = _copy_bucket(match + len(drafts), alt is None or alt[0] == tok, cont)
+                    bucket = _copy_bucket(match + len(drafts), alt is None or alt[0] == tok, cont, kind)
                     if alt is not None and not bucket[2] and self._q(alt[1]) > self._q(bucket):
                         src = None  # the tables know better: stop copying
                         tok, bucket = alt
@@ -254,7 +287,7 @@ class AdaptiveDrafter(NGramPredictor):
         k = best_k
         if k == 0:
             return []
-        self._last = (drafts[:k], buckets[:k], None if src is None else src[0])
+        self._last = (drafts[:k], buckets[:k], pos if src is not None and own else None)
         return drafts[:k]
 
 

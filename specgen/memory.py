@@ -20,10 +20,23 @@ import numpy as np
 
 from . import defaults
 from .drafter import Calibration
-from .predictor import NGramPredictor
+from .predictor import NGramPredictor, context_keys
+
+
+def _split(stream: list[int]) -> list[list[int]]:
+    """The outputs in a stream (each after a SEP)."""
+    pieces: list[list[int]] = []
+    for t in stream:
+        if t == SEP:
+            pieces.append([])
+        elif pieces:
+            pieces[-1].append(t)
+    return pieces
 
 FORMAT, VERSION = "specgen-memory", 1
 MAX_CONTEXTS = 200_000  # contexts kept per model file (a few MB)
+MAX_STREAM = 200_000  # tokens of earlier outputs kept verbatim for long copies
+SEP = -1  # between outputs in the stream: copies never run across it
 CACHE_ENV = "SPECGEN_CACHE_DIR"
 
 
@@ -51,6 +64,8 @@ class NGramMemory:
         self.max_contexts = max_contexts
         self.tables = NGramPredictor(max_order=max_order, window=max_order)
         self.calibration = Calibration()
+        self.stream: list[int] = []  # recent outputs, each after a SEP
+        self.index: dict[int, list[int]] = {}  # context hash -> stream positions that followed it
         self._added: list[list[int]] = []  # outputs added since load, merged into the file on save
 
     def add(self, tokens) -> None:
@@ -58,7 +73,34 @@ class NGramMemory:
         tokens = list(tokens)
         self.tables.forget_history()
         self.tables.update_batch(tokens)
+        self._append_stream(tokens)
         self._added.append(tokens)
+
+    def _append_stream(self, tokens: list[int]) -> None:
+        tokens = tokens[-(MAX_STREAM // 2):]
+        if len(self.stream) + len(tokens) + 1 > MAX_STREAM:
+            # Drop the oldest outputs, a quarter of the stream at a time so that re-indexing is rare.
+            outputs = _split(self.stream)
+            size = sum(len(o) + 1 for o in outputs)
+            while outputs and size + len(tokens) + 1 > MAX_STREAM * 3 // 4:
+                size -= len(outputs.pop(0)) + 1
+            self.stream, self.index = [], {}
+            for out in outputs:
+                self._index_output(out)
+        self._index_output(tokens)
+
+    def _index_output(self, tokens: list[int]) -> None:
+        from .drafter import COPY_CANDIDATES, COPY_KEY
+
+        stream = self.stream
+        stream.append(SEP)
+        start = len(stream)
+        stream.extend(tokens)
+        for p in range(start + COPY_KEY, len(stream)):
+            where = self.index.setdefault(context_keys(stream[p - COPY_KEY:p], COPY_KEY)[COPY_KEY], [])
+            where.append(p)
+            if len(where) > COPY_CANDIDATES:
+                del where[0]
 
     def contexts(self) -> int:
         return sum(len(t) for t in self.tables._tables.values())
@@ -89,9 +131,9 @@ class NGramMemory:
                 raise ValueError(f"it belongs to model {header.get('model')!r}")
             if header.get("max_order") != self.tables.max_order:
                 raise ValueError("it was made with another n-gram order")
-            order, key, token, count = (z[k] for k in ("order", "key", "token", "count"))
-            cal = z["calibration"]
-        if not (len(order) == len(key) == len(token) == len(count)) or cal.shape != (3,):
+            order, key, token, count, stream = (z[k] for k in ("order", "key", "token", "count", "stream"))
+        cal = header.get("calibration", {})
+        if not (len(order) == len(key) == len(token) == len(count)) or not isinstance(cal, dict):
             raise ValueError("its arrays do not fit together")
         tables = self.tables._tables
         for o, k, t, c in zip(order.tolist(), key.tolist(), token.tolist(), count.tolist()):
@@ -105,8 +147,11 @@ class NGramMemory:
                 entry[3] += c
                 if entry[2][t] >= entry[1]:
                     entry[0], entry[1] = t, entry[2][t]
-        self.calibration.set_counts("memory", [float(cal[0]), float(cal[1]), int(cal[2])])
-        self._base_cal = list(self.calibration.counts["memory"])
+        for kind, (acc, exp, n) in cal.items():
+            self.calibration.set_counts(kind, [float(acc), float(exp), int(n)])
+        self._base_cal = {k: list(v) for k, v in self.calibration.counts.items()}
+        for piece in _split(stream.tolist()):
+            self._append_stream(piece)
 
     def _arrays(self) -> dict:
         rows = []
@@ -124,14 +169,15 @@ class NGramMemory:
                 token.append(t)
                 count.append(c)
         header = json.dumps({"format": FORMAT, "version": VERSION, "model": self.model_key,
-                             "max_order": self.tables.max_order}).encode("utf-8")
+                             "max_order": self.tables.max_order,
+                             "calibration": self.calibration.counts}).encode("utf-8")
         return {
             "header": np.frombuffer(header, dtype=np.uint8),
             "order": np.array(order, dtype=np.int8),
             "key": np.array(key, dtype=np.uint64),
             "token": np.array(token, dtype=np.int32),
             "count": np.array(count, dtype=np.int32),
-            "calibration": np.array(self.calibration.counts.get("memory", [0.0, 0.0, 0]), dtype=np.float64),
+            "stream": np.array(self.stream, dtype=np.int32),
         }
 
     def save(self, path: Path) -> str | None:
@@ -146,10 +192,12 @@ class NGramMemory:
                                                max_contexts=self.max_contexts)
             for tokens in self._added:
                 merged.add(tokens)
-            base = getattr(self, "_base_cal", [0.0, 0.0, 0])
-            mine = self.calibration.counts.get("memory", [0.0, 0.0, 0])
-            disk = merged.calibration.counts.get("memory", [0.0, 0.0, 0])
-            merged.calibration.set_counts("memory", [d + m - b for d, m, b in zip(disk, mine, base)])
+            # What this process learned about memory's drafts since it loaded, added to the file's.
+            base = getattr(self, "_base_cal", {})
+            for kind, mine in self.calibration.counts.items():
+                disk = merged.calibration.counts.get(kind, [0.0, 0.0, 0])
+                was = base.get(kind, [0.0, 0.0, 0])
+                merged.calibration.set_counts(kind, [d + m - b for d, m, b in zip(disk, mine, was)])
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -161,5 +209,5 @@ class NGramMemory:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
         self._added.clear()
-        self._base_cal = list(mine)
+        self._base_cal = {k: list(v) for k, v in self.calibration.counts.items()}
         return warning

@@ -85,18 +85,22 @@ def run(model, prompt, **kw):
     return [t for s in steps for t in s.tokens], steps, prefilled
 
 
-class ScriptedModel:
-    """A fake target whose greedy choice after token t is `rule[t]`, with a real KVCache.
+class TableModel:
+    """A fake target whose logits after token t are row t of `table`, with a real KVCache.
 
-    It lets tests know exactly which drafts the model accepts.
+    It lets tests know exactly what the model would choose (or sample) at every position.
     """
 
-    def __init__(self, rule: dict[int, int], vocab: int = 16):
-        self.rule, self.vocab = rule, vocab
+    def __init__(self, table):
+        self.table = mx.array(table, dtype=mx.float32)
         self.layers = [None]  # one KVCache from make_prompt_cache
 
     def __call__(self, tokens, cache):
         n = tokens.shape[1]
         cache[0].update_and_fetch(mx.zeros((1, 1, n, 1)), mx.zeros((1, 1, n, 1)))
-        nxt = [self.rule[t] for t in tokens[0].tolist()]
-        return (mx.arange(self.vocab)[None, None, :] == mx.array(nxt)[None, :, None]).astype(mx.float32)
+        return self.table[tokens]
+
+
+def ScriptedModel(rule: dict[int, int], vocab: int = 16) -> TableModel:
+    """A TableModel whose greedy choice after token t is `rule[t]`."""
+    return TableModel([[float(rule.get(t) == j) for j in range(vocab)] for t in range(vocab)])

@@ -1,9 +1,8 @@
 import math
 
-import mlx.core as mx
 import pytest
 
-from conftest import run, tiny_model
+from conftest import TableModel, run, tiny_model
 from specgen.errors import InputError
 from specgen.sampling import GREEDY, Sampler, make_selector
 
@@ -34,31 +33,20 @@ def test_temperature_zero_is_greedy_and_no_seed_picks_one():
     assert isinstance(make_selector(0.5).seed, int)
 
 
-class SoftModel:
-    """A fake target over 4 tokens whose next-token distribution depends on the current token."""
-
-    LOGITS = [[0.0, 1.2, -0.5, 0.3], [1.0, -1.0, 0.5, 0.0], [0.2, 0.2, 0.2, 1.5], [-0.3, 0.8, 0.0, 0.4]]
-
-    def __init__(self):
-        self.layers = [None]
-        self.table = mx.array(self.LOGITS)
-
-    def __call__(self, tokens, cache):
-        n = tokens.shape[1]
-        cache[0].update_and_fetch(mx.zeros((1, 1, n, 1)), mx.zeros((1, 1, n, 1)))
-        return self.table[tokens]
+# Next-token logits over 4 tokens, by current token.
+SOFT = [[0.0, 1.2, -0.5, 0.3], [1.0, -1.0, 0.5, 0.0], [0.2, 0.2, 0.2, 1.5], [-0.3, 0.8, 0.0, 0.4]]
 
 
 def test_token_after_a_speculative_step_has_the_plain_sampling_distribution():
     # Prompt 0 1 0 1 0: the predictor drafts [1, 0], so the second generated token comes from the
     # verify step (accepted draft or correction) or a later step; its marginal must still be
     # sum_i p(i | 0) p(j | i). Chi-square, 3 degrees of freedom, significance 0.001, seeds fixed.
-    probs = [[math.exp(x) / sum(math.exp(y) for y in row) for x in row] for row in SoftModel.LOGITS]
+    probs = [[math.exp(x) / sum(math.exp(y) for y in row) for x in row] for row in SOFT]
     expected = [sum(probs[0][i] * probs[i][j] for i in range(4)) for j in range(4)]
     n = 2000
     counts, drafted = [0] * 4, 0
     for seed in range(n):
-        tokens, steps, _ = run(SoftModel(), [0, 1, 0, 1, 0], draft=2, max_tokens=2,
+        tokens, steps, _ = run(TableModel(SOFT), [0, 1, 0, 1, 0], draft=2, max_tokens=2,
                                selector=Sampler(1.0, seed=seed))
         counts[tokens[1]] += 1
         drafted += steps[0].drafted
@@ -70,11 +58,11 @@ def test_token_after_a_speculative_step_has_the_plain_sampling_distribution():
 def test_keyed_noise_means_a_wrong_distribution_would_be_caught():
     # The same statistic on the first token's counts against the second token's law must fail,
     # or the chi-square test above could not tell distributions apart.
-    probs = [[math.exp(x) / sum(math.exp(y) for y in row) for x in row] for row in SoftModel.LOGITS]
+    probs = [[math.exp(x) / sum(math.exp(y) for y in row) for x in row] for row in SOFT]
     wrong = [sum(probs[0][i] * probs[i][j] for i in range(4)) for j in range(4)]
     n, counts = 2000, [0] * 4
     for seed in range(n):
-        tokens, _, _ = run(SoftModel(), [0, 1, 0, 1, 0], draft=2, max_tokens=1,
+        tokens, _, _ = run(TableModel(SOFT), [0, 1, 0, 1, 0], draft=2, max_tokens=1,
                            selector=Sampler(1.0, seed=seed))
         counts[tokens[0]] += 1
     assert sum((c - n * e) ** 2 / (n * e) for c, e in zip(counts, wrong)) > 16.27
