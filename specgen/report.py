@@ -13,7 +13,7 @@ def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool) -> No
     table = Table(title=f"drafter {draft_mode}, verify cost 1 + {beta} x drafted"
                         + (", memory on" if memory else ""), title_justify="left")
     for col in ("file / category", "output tok", "steps", "tok/step", "drafted/step", "accept",
-                "speedup", "us/tok"):
+                "speedup", "us/tok (median)"):
         table.add_column(col, justify="left" if col.startswith("file") else "right")
     for r in reports:
         name = Path(r.file).name
@@ -25,7 +25,9 @@ def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool) -> No
         for name, d, style in rows:
             table.add_row(name, str(d["output_tokens"]), str(d["steps"]), f"{d['tokens_per_step']:.2f}",
                           f"{d['drafted_per_step']:.2f}", f"{d['acceptance_rate']:.1%}",
-                          f"{d['predicted_speedup']:.3f}x", f"{d['us_per_token']:.1f}", style=style)
+                          f"{d['predicted_speedup']:.3f}x",
+                          f"{d['us_per_token']:.1f} ({d.get('us_per_token_median', d['us_per_token']):.1f})",
+                          style=style)
     Console(highlight=False, width=max(Console().width, 110)).print(table)
 
 

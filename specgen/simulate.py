@@ -56,8 +56,13 @@ class FileReport:
     categories: dict[str, Tally] = field(default_factory=dict)
     per_trace_us: list[float] = field(default_factory=list)
 
+    replay_s: float = 0.0  # wall time of the replays (tokenizing excluded)
+
     def to_dict(self) -> dict:
+        us = sorted(self.per_trace_us)
         return {"file": self.file, **self.total.to_dict(),
+                "us_per_token_median": round(us[len(us) // 2], 3) if us else 0.0,
+                "replay_tokens_per_s": round(self.total.output_tokens / self.replay_s) if self.replay_s else 0,
                 "categories": {c: t.to_dict() for c, t in sorted(self.categories.items())}}
 
 
@@ -175,6 +180,7 @@ def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[],
     With a `memory`, each trace's output is added to it after its replay, in file order.
     """
     report = FileReport(file=path)
+    start = time.perf_counter()
     for tr in traces:
         t = replay(tr.prompt, tr.output, make_drafter(), draft=draft, beta=beta)
         if memory is not None:
@@ -183,4 +189,5 @@ def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[],
         report.categories.setdefault(tr.category, Tally()).add(t)
         if t.output_tokens:
             report.per_trace_us.append(t.drafter_s / t.output_tokens * 1e6)
+    report.replay_s = time.perf_counter() - start
     return report
