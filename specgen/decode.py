@@ -144,7 +144,8 @@ def generate(
         for start in range(0, len(prompt) - 1, PREFILL_CHUNK):
             forward(prompt[start : min(start + PREFILL_CHUNK, len(prompt) - 1)])
             mx.eval([c.state for c in cache])
-        predictor.update_batch(prompt)
+        if speculation == "on":
+            predictor.update_batch(prompt)
         yield Prefilled(len(prompt), speculation)
 
         if speculation != "on":
@@ -182,9 +183,9 @@ def generate(
                               "cannot be rolled back once it wraps")
             drafts = predictor.predict(room) if room > 0 else []
             logits = forward([history[-1], *drafts])
-            # Greedy: a draft token is accepted iff it equals the model's choice at its position;
-            # the first mismatch (or the position after the last draft) emits the model's token,
-            # so each step yields at least one token and exactly the tokens plain decoding would.
+            # A draft token is accepted iff it equals the selector's choice at its position (argmax,
+            # or the sample keyed by seed and position); the first mismatch (or the position after
+            # the last draft) emits that choice: each step yields exactly what plain decoding would.
             chosen = selector.verify(logits, history, pos, drafts)
             n = 0
             while n < len(drafts) and drafts[n] == chosen[n]:

@@ -6,6 +6,7 @@ a stats footer, and finished lines scroll up above it, so neither overwrites the
 
 from __future__ import annotations
 
+import time
 from typing import TextIO
 
 from rich.console import Console, Group
@@ -16,6 +17,7 @@ from .decode import Step
 from .stats import RunStats
 
 DRAFT_STYLE = "cyan"  # --color: text that came from accepted drafts
+UPDATE_EVERY_S = 0.05  # at most 20 live-view updates a second: more would slow small models
 
 
 class TextView:
@@ -33,6 +35,7 @@ class TextView:
                             no_color=not self._color)
         self._line = Text()  # the unfinished line, in the Live view when both are terminals
         self._live = None
+        self._shown = 0.0  # when the live view was last updated
         self._in_live = live and both_tty and stream
         if live and stderr.isatty():
             console = self._out if self._in_live else Console(file=stderr, highlight=False)
@@ -54,7 +57,9 @@ class TextView:
         for i, token in enumerate(step.tokens):
             self._detok.add_token(token)
             self._emit(self._detok.last_segment, DRAFT_STYLE if i < step.accepted else None)
-        if self._live:
+        now = time.monotonic()
+        if self._live and now - self._shown >= UPDATE_EVERY_S:
+            self._shown = now
             status = Text(stats.status_line(), style="dim")
             self._live.update(Group(self._line, status) if self._in_live else status)
 

@@ -7,10 +7,11 @@ the k that maximises that over the step's relative cost, cost(k). Novel text get
 drafts; long copies get long ones.
 
 Evidence, in order of preference:
-- a copy: the last COPY_KEY tokens occurred before (prompt or output); the draft continues from
-  the earlier occurrence with the longest backward match, as far as the source goes;
-- the request's own n-gram tables (the mission's FNV-hashed 2-4-gram tables over the window);
-- an optional cross-request memory of earlier outputs (`memory.NGramMemory`).
+- a copy: the last COPY_KEY tokens occurred before (prompt or output, or with memory, an earlier
+  output); the draft continues from the occurrence with the longest backward match, as far as
+  the source goes; right after a copy breaks, it realigns near where the copy left off;
+- n-gram predictions: the request's own tables (the mission's FNV-hashed 2-4-gram tables over
+  the window), or memory's tables of earlier outputs when they are more likely to be right.
 q starts from a coarse prior per kind of evidence; each request rescales the odds of each kind
 by how its drafts have fared so far, so edits and chat settle at different levels quickly.
 """
