@@ -1,10 +1,11 @@
-"""Speed on the bundled stories260K model: mlx-lm plain greedy vs specgen (--draft 0 and speculating).
+"""Speed on the bundled stories260K model: mlx-lm plain greedy vs specgen, plain (--draft 0) and
+speculating with the defaults (adaptive drafter, measured verify-cost curve).
 
     python benchmarks/stories.py [--tokens 256] [--repeats 5]
 
 Each configuration runs the same prompts in one process, alternating order, after a warm-up;
-reported tok/s are medians over repeats of (generated tokens / wall seconds, prefill included).
-Stop tokens are ignored so every run generates exactly --tokens tokens.
+reported tok/s are medians over repeats of (generated tokens / wall seconds, prefill included:
+end to end, as a user waits). Stop tokens are ignored so every run generates exactly --tokens.
 """
 
 import argparse
@@ -16,7 +17,9 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from specgen import registry
+from specgen.calibrate import cost_function, load_or_measure
 from specgen.decode import Step, generate
+from specgen.drafter import make_drafter
 
 PROMPTS = [
     "Once upon a time",
@@ -32,9 +35,11 @@ def mlx_lm_run(model, ids, n):
     return count / (time.perf_counter() - t), None
 
 
-def specgen_run(model, ids, n, draft):
+def specgen_run(model, ids, n, draft, cost):
+    drafter, cap, _ = make_drafter(draft, cost=cost)
     t = time.perf_counter()
-    steps = [e for e in generate(model, ids, draft=draft, max_tokens=n) if isinstance(e, Step)]
+    steps = [e for e in generate(model, ids, predictor=drafter, draft=cap, max_tokens=n)
+             if isinstance(e, Step)]
     tps = sum(len(s.tokens) for s in steps) / (time.perf_counter() - t)
     return tps, steps
 
@@ -49,9 +54,10 @@ def main():
     blas = os.environ.get("LD_PRELOAD") or "the mlx wheel's bundled BLAS"
     print(f"# stories260K, {args.tokens} tokens, {args.repeats} repeats, BLAS: {blas}")
     print(f"{'prompt':48} {'mlx-lm':>8} {'draft 0':>8} {'ratio':>6} {'spec':>8} {'speedup':>7} {'accept':>6} {'tok/step':>8}")
+    cost = cost_function(load_or_measure(model, loaded.key, 512)[0])
     configs = {"mlx": lambda ids: mlx_lm_run(model, ids, args.tokens),
-               "d0": lambda ids: specgen_run(model, ids, args.tokens, 0),
-               "spec": lambda ids: specgen_run(model, ids, args.tokens, 4)}
+               "d0": lambda ids: specgen_run(model, ids, args.tokens, 0, cost),
+               "spec": lambda ids: specgen_run(model, ids, args.tokens, None, cost)}
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
         for f in configs.values():

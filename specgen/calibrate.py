@@ -31,7 +31,8 @@ def machine_id() -> str:
 
 
 def measure(model, vocab_size: int, sizes=SIZES, budget_s: float = BUDGET_S) -> dict[int, float]:
-    """Median seconds of a forward pass (with argmax read-back, as a verify step does) per size."""
+    """Seconds of a forward pass (with argmax read-back, as a verify step does) per size: the
+    25th percentile of the rounds, since interference only ever adds time."""
     cache = make_prompt_cache(model)
     ids = mx.array([list(range(3, 3 + CONTEXT))], mx.uint32) % vocab_size
     model(ids, cache=cache)
@@ -53,17 +54,22 @@ def measure(model, vocab_size: int, sizes=SIZES, budget_s: float = BUDGET_S) -> 
     for r in range(rounds):
         for k in (sizes if r % 2 == 0 else reversed(sizes)):
             times[k].append(step(k))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: statistics.quantiles(v, n=4)[0] for k, v in times.items()}
 
 
 def relative(seconds: dict[int, float]) -> dict[int, float]:
-    """Costs relative to one position; never below 1 or decreasing (noise on tiny models)."""
-    base = seconds[min(seconds)]
-    out, floor = {}, 1.0
-    for k in sorted(seconds):
-        floor = max(floor, seconds[k] / base)
-        out[k] = floor
-    return out
+    """Costs relative to one position, made non-decreasing by isotonic regression (adjacent
+    violators are averaged, so one noisy spike does not raise every larger size) and >= 1."""
+    sizes = sorted(seconds)
+    blocks = []  # [sum, count] of pooled ratios
+    for k in sizes:
+        blocks.append([seconds[k] / seconds[sizes[0]], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [max(1.0, total / count) for total, count in blocks for _ in range(count)]
+    return dict(zip(sizes, values))
 
 
 def cost_function(curve: dict[int, float]) -> Callable[[int], float]:

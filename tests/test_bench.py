@@ -15,7 +15,11 @@ runner = CliRunner()
 
 def test_relative_curve_is_normalised_and_never_decreasing():
     curve = relative({1: 2.0, 2: 2.4, 4: 2.2, 8: 4.0})
-    assert curve == {1: 1.0, 2: 1.2, 4: 1.2, 8: 2.0}
+    assert curve == pytest.approx({1: 1.0, 2: 1.15, 4: 1.15, 8: 2.0})  # 2 and 4 pooled
+    # One spike is averaged with what follows it, not carried to every larger size.
+    spiky = relative({1: 1.0, 2: 1.05, 4: 1.6, 8: 1.4, 16: 1.45, 32: 2.0})
+    assert spiky[4] == spiky[8] == spiky[16] == pytest.approx((1.6 + 1.4 + 1.45) / 3) and spiky[32] == 2.0
+    assert relative({1: 2.0, 2: 1.8})[2] == 1.0  # never cheaper than one position
 
 
 def test_cost_function_interpolates_and_extrapolates():
