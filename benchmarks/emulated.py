@@ -64,11 +64,12 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-prompt", type=int, default=1024, help="skip traces with longer prompts")
+    ap.add_argument("--sets", nargs="*", default=FILES, choices=FILES, help="trace files to run")
     args = ap.parse_args()
     enc = load_tokenizer(str(SHARED / "tokenizers/llama2/tokenizer.model"))
     model = build_model()
     params = sum(v.size for _, v in __import__("mlx.utils").utils.tree_flatten(model.parameters()))
-    seconds = measure(model, 32000)
+    seconds = measure(model, list(range(100, 356)))
     curve = relative(seconds)
     cost = cost_function(curve)
     blas = os.environ.get("LD_PRELOAD") or "the mlx wheel's bundled BLAS"
@@ -77,7 +78,7 @@ def main():
     print(f"{'set':28} {'mlx-lm':>8} {'specgen':>8} {'speedup':>8} {'min':>6} {'max':>6} "
           f"{'draft0':>7} {'tok/step':>8} {'identical':>9}")
     results = []
-    for name in FILES:
+    for name in args.sets:
         rows = [json.loads(l) for l in (SHARED / f"traces/{name}.jsonl").read_text().splitlines()]
         picked = []
         for row in rows[:: max(1, len(rows) // (4 * args.traces))]:

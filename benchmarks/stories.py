@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from specgen import registry
-from specgen.calibrate import cost_function, load_or_measure
+from specgen.calibrate import model_cost
 from specgen.decode import Step, generate
 from specgen.drafter import make_drafter
 
@@ -54,7 +54,7 @@ def main():
     blas = os.environ.get("LD_PRELOAD") or "the mlx wheel's bundled BLAS"
     print(f"# stories260K, {args.tokens} tokens, {args.repeats} repeats, BLAS: {blas}")
     print(f"{'prompt':48} {'mlx-lm':>8} {'draft 0':>8} {'ratio':>6} {'spec':>8} {'speedup':>7} {'accept':>6} {'tok/step':>8}")
-    cost = cost_function(load_or_measure(model, loaded.key, 512)[0])
+    cost = model_cost(loaded)[0]
     configs = {"mlx": lambda ids: mlx_lm_run(model, ids, args.tokens),
                "d0": lambda ids: specgen_run(model, ids, args.tokens, 0, cost),
                "spec": lambda ids: specgen_run(model, ids, args.tokens, None, cost)}

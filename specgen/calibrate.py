@@ -30,16 +30,20 @@ def machine_id() -> str:
     return f"{platform.node()}|{platform.machine()}|{mx.default_device()}|mlx {mx.__version__}"
 
 
-def measure(model, vocab_size: int, sizes=SIZES, budget_s: float = BUDGET_S) -> dict[int, float]:
+SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
+
+
+def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -> dict[int, float]:
     """Seconds of a forward pass (with argmax read-back, as a verify step does) per size: the
-    25th percentile of the rounds, since interference only ever adds time."""
+    25th percentile of the rounds, since interference only ever adds time. `sample`: token ids
+    the model knows (any text's), repeated to fill the context."""
+    tokens = (sample * (CONTEXT + max(sizes)))[: CONTEXT + max(sizes)]
     cache = make_prompt_cache(model)
-    ids = mx.array([list(range(3, 3 + CONTEXT))], mx.uint32) % vocab_size
-    model(ids, cache=cache)
+    model(mx.array([tokens[:CONTEXT]], mx.uint32), cache=cache)
     mx.eval([c.state for c in cache])
 
     def step(k):
-        x = mx.array([[5 + i % 7 for i in range(k)]], mx.uint32) % vocab_size
+        x = mx.array([tokens[CONTEXT : CONTEXT + k]], mx.uint32)
         t = time.perf_counter()
         mx.argmax(model(x, cache=cache)[0], axis=-1).tolist()
         dt = time.perf_counter() - t
@@ -97,7 +101,7 @@ def calibration_file() -> Path:
     return cache_dir() / "calibration.json"
 
 
-def load_or_measure(model, model_key: str, vocab_size: int, *, recalibrate: bool = False
+def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bool = False
                     ) -> tuple[dict[int, float], bool]:
     """The cached curve for this model on this machine, or a fresh measurement (then cached).
 
@@ -117,7 +121,7 @@ def load_or_measure(model, model_key: str, vocab_size: int, *, recalibrate: bool
             return {int(k): float(v) for k, v in entry["relative"].items()}, False
         except (KeyError, ValueError, TypeError, AttributeError):
             pass
-    seconds = measure(model, vocab_size)
+    seconds = measure(model, sample)
     curve = relative(seconds)
     store[key] = {"relative": {str(k): v for k, v in curve.items()},
                   "seconds": {str(k): v for k, v in seconds.items()}, "measured": time.time()}
@@ -134,3 +138,15 @@ def describe(curve: dict[int, float]) -> str:
     ks = [k for k in sorted(curve) if k <= 16]
     return "cost x" + "/".join(f"{curve[k]:.2f}" for k in ks) + " at " + "/".join(map(str, ks)) + " positions"
 
+
+
+def model_cost(loaded, *, recalibrate: bool = False):
+    """(cost function, curve, measured_now) for a registry.LoadedModel, from the cache or measured;
+    (None, None, False) when its cache cannot be rolled back (then nothing is speculated)."""
+    from .decode import rollback_limit
+
+    if rollback_limit(make_prompt_cache(loaded.model))[1]:
+        return None, None, False
+    sample = list(loaded.tokenizer.encode(SAMPLE)) or [0]
+    curve, fresh = load_or_measure(loaded.model, loaded.key, sample, recalibrate=recalibrate)
+    return cost_function(curve), curve, fresh

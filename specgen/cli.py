@@ -70,21 +70,17 @@ def _resolve_model(name: str):
 
 
 def _cost_for(loaded, draft, recalibrate, notice):
-    """The measured verify-cost function for the adaptive drafter, and a note for the stats."""
+    """The adaptive drafter's measured cost function (None for --draft N) and a note for the stats."""
     if draft is not None:
         return None, ""
-    from mlx_lm.models.cache import make_prompt_cache
+    from .calibrate import describe, model_cost
 
-    from .calibrate import cost_function, describe, load_or_measure
-    from .decode import rollback_limit
-
-    if rollback_limit(make_prompt_cache(loaded.model))[1]:
+    cost, curve, fresh = model_cost(loaded, recalibrate=recalibrate)
+    if curve is None:
         return None, ""  # no speculation: generate() says why
-    vocab = len(loaded.tokenizer.vocab) if hasattr(loaded.tokenizer, "vocab") else 32
-    curve, fresh = load_or_measure(loaded.model, loaded.key, vocab, recalibrate=recalibrate)
     if fresh:
         notice(f"measured verify cost for {loaded.spec.name}: {describe(curve)} (cached)")
-    return cost_function(curve), f", {describe(curve)}"
+    return cost, f", {describe(curve)}"
 
 
 @app.command()

@@ -31,13 +31,14 @@ def test_cost_function_interpolates_and_extrapolates():
 
 def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
-    curve, fresh = load_or_measure(stories.model, "m", 512)
+    sample = stories.tokenizer.encode("Once upon a time")
+    curve, fresh = load_or_measure(stories.model, "m", sample)
     assert fresh and curve[1] == 1.0 and all(curve[k] >= 1.0 for k in curve)
-    again, fresh = load_or_measure(stories.model, "m", 512)
+    again, fresh = load_or_measure(stories.model, "m", sample)
     assert not fresh and again == curve
-    assert load_or_measure(stories.model, "m", 512, recalibrate=True)[1]
+    assert load_or_measure(stories.model, "m", sample, recalibrate=True)[1]
     (tmp_path / "calibration.json").write_text("{broken")
-    assert load_or_measure(stories.model, "m", 512)[1]  # a damaged cache is measured over
+    assert load_or_measure(stories.model, "m", sample)[1]  # a damaged cache is measured over
 
 
 def test_run_set_reports_identical_outputs_and_consistent_stats():
