@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import defaults
-from .drafter import Calibration
+from .drafter import COPY_CANDIDATES, COPY_KEY, Calibration
 from .predictor import NGramPredictor, context_keys
 
 
@@ -56,7 +56,8 @@ def memory_path(model_key: str) -> Path:
 
 
 class NGramMemory:
-    """N-gram tables of earlier outputs plus how well their drafts fared (the "memory" calibration)."""
+    """Earlier outputs of one model: their n-gram tables, a bounded stream of them indexed for
+    long copies, and how well drafts from both have fared (carried over between requests)."""
 
     def __init__(self, model_key: str = "", max_order: int = defaults.MAX_ORDER,
                  max_contexts: int = MAX_CONTEXTS):
@@ -90,8 +91,6 @@ class NGramMemory:
         self._index_output(tokens)
 
     def _index_output(self, tokens: list[int]) -> None:
-        from .drafter import COPY_CANDIDATES, COPY_KEY
-
         stream = self.stream
         stream.append(SEP)
         start = len(stream)
