@@ -162,7 +162,9 @@ class AdaptiveDrafter(NGramPredictor):
             self._last = None
             n = 0
             for b in buckets:
-                hit = n < len(tokens) and tokens[n] == drafts[n]
+                if n >= len(tokens):
+                    break  # generation stopped (a stop token) before this draft was judged
+                hit = tokens[n] == drafts[n]
                 # Memory's calibration lives with the memory: it carries over between requests.
                 (self.memory.calibration if b[0] in _MEMORY_KINDS else self.calibration).record(b, hit)
                 if not hit:

@@ -32,6 +32,16 @@ def test_tokens_past_the_end_of_the_output_never_match():
     assert (t.steps, t.accepted, t.output_tokens) == (1, 2, 2)
 
 
+def test_drafts_cut_off_by_a_stop_are_not_counted_as_misses():
+    d = AdaptiveDrafter()
+    d.update_batch(list(range(10, 60)) + list(range(10, 20)))
+    drafts = d.predict(8)
+    assert drafts[:3] == [20, 21, 22]
+    d.update_batch(drafts[:2])  # the run stopped after two accepted drafts
+    acc, _, judged = d.calibration.counts["copy"]
+    assert (acc, judged) == (2, 2)
+
+
 def test_adaptive_drafter_copies_long_spans_and_skips_novel_text():
     rng = random.Random(1)
     code = [rng.randrange(3, 30000) for _ in range(400)]
