@@ -21,6 +21,7 @@ from mlx_lm.generate import generate_step
 
 from .decode import Step, generate
 from .errors import InputError
+from .stats import ratio
 
 _STORY = "Lily had a red ball. She liked to throw the ball to her dog, Max. Max ran fast and " \
          "brought the ball back to her. Lily laughed and said, \"Good dog, Max!\""
@@ -108,8 +109,8 @@ class SetResult:
             "speedup_median": round(statistics.median(ratios), 4),
             "speedup_min": round(min(ratios), 4),
             "speedup_max": round(max(ratios), 4),
-            "tokens_per_step": round(self.tokens / self.steps, 4) if self.steps else 0.0,
-            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
+            "tokens_per_step": round(ratio(self.tokens, self.steps), 4),
+            "acceptance_rate": round(ratio(self.accepted, self.drafted), 4),
             "identical": not self.divergences,
             "divergences": self.divergences,
         }

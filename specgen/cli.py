@@ -200,24 +200,22 @@ def simulate(
     check_settings(max_tokens=1, draft=draft)
     if beta < 0:
         raise SpecgenError(f"--beta must be 0 or more (got {beta})")
-    make_drafter(draft, max_order=ngram_order, window=window)  # bad settings fail before any work
+    _, cap, mode = make_drafter(draft, max_order=ngram_order, window=window)  # fails early if bad
     encode = load_tokenizer(tokenizer) if tokenizer else None
     mem = NGramMemory("simulate", max_order=ngram_order) if memory else None
-    reports = []
-    for path in traces:
-        def fresh():
-            return make_drafter(draft, max_order=ngram_order, window=window,
-                                cost=linear_cost(beta), memory=mem)[0]
 
-        cap = make_drafter(draft)[1]
-        reports.append(simulate_file(path, read_traces(path, encode), fresh, draft=cap, beta=beta,
-                                     memory=mem))
+    def fresh():
+        return make_drafter(draft, max_order=ngram_order, window=window, cost=linear_cost(beta),
+                            memory=mem)[0]
+
+    reports = [simulate_file(path, read_traces(path, encode), fresh, draft=cap, beta=beta, memory=mem)
+               for path in traces]
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
         return
     from .report import simulate_table
 
-    simulate_table(reports, draft_mode=make_drafter(draft)[2], beta=beta, memory=memory)
+    simulate_table(reports, draft_mode=mode, beta=beta, memory=memory)
 
 
 @app.command()

@@ -102,7 +102,7 @@ class NGramMemory:
                 del where[0]
 
     def contexts(self) -> int:
-        return sum(len(t) for t in self.tables._tables.values())
+        return sum(len(t) for t in self.tables.entries.values())
 
     # --- persistence ------------------------------------------------------------------------
 
@@ -134,7 +134,7 @@ class NGramMemory:
         cal = header.get("calibration", {})
         if not (len(order) == len(key) == len(token) == len(count)) or not isinstance(cal, dict):
             raise ValueError("its arrays do not fit together")
-        tables = self.tables._tables
+        tables = self.tables.entries
         for o, k, t, c in zip(order.tolist(), key.tolist(), token.tolist(), count.tolist()):
             if o not in tables or c < 1:
                 raise ValueError("it holds an impossible entry")
@@ -154,7 +154,7 @@ class NGramMemory:
 
     def _arrays(self) -> dict:
         rows = []
-        for o, table in self.tables._tables.items():
+        for o, table in self.tables.entries.items():
             for k, (best, _, counts, total) in table.items():
                 rows.append((total, o, k, best, counts))
         if len(rows) > self.max_contexts:  # keep the most-used contexts

@@ -69,6 +69,11 @@ class NGramPredictor:
         self._history: deque[int] = deque(maxlen=window)
 
     @property
+    def entries(self) -> dict[int, dict[int, list]]:
+        """order -> {context hash: [best, best count, {token: count}, total]} (read and filled by memory)."""
+        return self._tables
+
+    @property
     def history(self) -> list[int]:
         """The tokens currently inside the window, oldest first."""
         return list(self._history)
@@ -112,15 +117,12 @@ class NGramPredictor:
 
     def lookup(self, context: list[int]) -> int | None:
         """The most frequent continuation of `context`, longest order first; None if unseen."""
-        found = self.lookup_entry(context)
+        found = self.lookup_keys(context_keys(context, self.max_order - 1))
         return None if found is None else found[1][0]
 
-    def lookup_entry(self, context: list[int]) -> tuple[int, list] | None:
-        """(order, [best, best count, counts, total]) for the longest known context, or None."""
-        return self.lookup_keys(context_keys(context, self.max_order - 1))
-
     def lookup_keys(self, keys: list[int]) -> tuple[int, list] | None:
-        """`lookup_entry` for keys already computed with `context_keys`."""
+        """(order, [best, best count, counts, total]) for the longest known context, given the keys
+        from `context_keys`, or None."""
         for k in self._orders:
             if len(keys) >= k:
                 entry = self._tables[k].get(keys[k - 1])

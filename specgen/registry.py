@@ -55,6 +55,13 @@ def bundled_path(name: str) -> Path:
     return Path(str(resources.files("specgen"))) / "bundled" / name
 
 
+def local_source(source: str) -> str:
+    """A spec's source with `bundled:NAME` turned into the packaged folder; others unchanged."""
+    if source.startswith(BUNDLED_PREFIX):
+        return str(bundled_path(source[len(BUNDLED_PREFIX):]))
+    return source
+
+
 def read_models_file(path: Path) -> dict[str, ModelSpec]:
     """Parse one models.toml into aliases; a malformed file raises ConfigError naming the problem."""
     try:
@@ -121,9 +128,7 @@ def load(spec: ModelSpec) -> LoadedModel:
     """Load a model and tokenizer with mlx_lm.load, turning every failure into a one-line ModelError."""
     import mlx_lm  # deferred: importing mlx-lm costs a second that `specgen models` need not pay
 
-    source = spec.source
-    if source.startswith(BUNDLED_PREFIX):
-        source = str(bundled_path(source[len(BUNDLED_PREFIX):]))
+    source = local_source(spec.source)
     local = Path(source)
     is_repo = not local.exists() and _REPO_ID.match(source) is not None
     if not is_repo:

@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 from . import defaults
 from .decode import draft_room
 from .errors import InputError
+from .stats import ratio
 
 
 @dataclass
@@ -36,16 +37,16 @@ class Tally:
             setattr(self, f, getattr(self, f) + getattr(other, f))
 
     def to_dict(self) -> dict:
-        n, steps = self.output_tokens, max(self.steps, 1)
+        n = self.output_tokens
         return {
             "traces": self.traces,
             "output_tokens": n,
             "steps": self.steps,
-            "tokens_per_step": round(n / steps, 4),
-            "drafted_per_step": round(self.drafted / steps, 4),
-            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
-            "predicted_speedup": round(n / self.cost, 4) if self.cost else 0.0,
-            "us_per_token": round(self.drafter_s / n * 1e6, 3) if n else 0.0,
+            "tokens_per_step": round(ratio(n, self.steps), 4),
+            "drafted_per_step": round(ratio(self.drafted, self.steps), 4),
+            "acceptance_rate": round(ratio(self.accepted, self.drafted), 4),
+            "predicted_speedup": round(ratio(n, self.cost), 4),
+            "us_per_token": round(ratio(self.drafter_s * 1e6, n), 3),
         }
 
 
@@ -62,7 +63,7 @@ class FileReport:
         us = sorted(self.per_trace_us)
         return {"file": self.file, **self.total.to_dict(),
                 "us_per_token_median": round(us[len(us) // 2], 3) if us else 0.0,
-                "replay_tokens_per_s": round(self.total.output_tokens / self.replay_s) if self.replay_s else 0,
+                "replay_tokens_per_s": round(ratio(self.total.output_tokens, self.replay_s)),
                 "categories": {c: t.to_dict() for c, t in sorted(self.categories.items())}}
 
 
@@ -121,9 +122,7 @@ def load_tokenizer(spec: str) -> Callable[[str], list[int]]:
             model = registry.resolve(spec, registry.load_registry())
         except Exception as e:
             raise InputError(f"no tokenizer at {spec}: not a file, folder or known alias") from e
-        source = model.source
-        if source.startswith(registry.BUNDLED_PREFIX):
-            source = str(registry.bundled_path(source[len(registry.BUNDLED_PREFIX):]))
+        source = registry.local_source(model.source)
         path = Path(source)
         if not path.exists():
             raise InputError(f"simulate needs a local tokenizer; '{spec}' is not downloaded ({source})")

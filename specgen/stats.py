@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from .decode import Prefilled, Step
 
 
+def ratio(num: float, den: float) -> float:
+    """num / den, or 0 when there is nothing to divide by (no steps, no drafts)."""
+    return num / den if den else 0.0
+
+
 @dataclass
 class RunStats:
     """Counts and timings of one generation; feed it every event with `observe`."""
@@ -54,15 +59,15 @@ class RunStats:
 
     @property
     def decode_tps(self) -> float:
-        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+        return ratio(self.generated_tokens, self.decode_s)
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return ratio(self.accepted, self.drafted)
 
     @property
     def tokens_per_step(self) -> float:
-        return self.generated_tokens / self.steps if self.steps else 0.0
+        return ratio(self.generated_tokens, self.steps)
 
     def to_dict(self) -> dict:
         """The documented JSON fields (see README, "JSON output")."""
