@@ -18,6 +18,7 @@ by how its drafts have fared so far, so edits and chat settle at different level
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 from . import defaults
@@ -79,14 +80,30 @@ def prior(bucket: tuple) -> float:
     return _odds_scaled(q, _MEMORY_ODDS) if kind == "memory" else q
 
 
+@lru_cache(maxsize=None)  # one function per beta, so min_slopes below is computed once for it
 def linear_cost(beta: float) -> Callable[[int], float]:
     """cost(k) = 1 + beta * k: verifying k drafted tokens, relative to a one-token step."""
     return lambda k: 1.0 + beta * k
 
 
+@lru_cache(maxsize=8)
+def min_slopes(cost: Callable[[int], float], longest: int = defaults.MAX_DRAFT) -> list[float]:
+    """m[k] = the least extra cost per extra token from k drafts to any longer draft (<= longest).
+
+    Drafting on from k cannot beat a best rate r once P_k <= m[k] * r: every later rate is at most
+    the mediant of the rate at k and P_k / m[k]. `predict` stops there, which changes no draft.
+    """
+    costs = [cost(k) for k in range(longest + 1)]
+    return [min(((costs[j] - costs[k]) / (j - k) for j in range(k + 1, longest + 1)),
+                default=float("inf")) for k in range(longest + 1)]
+
+
 def _kind(bucket: tuple) -> str:
     """Which rescaling a bucket shares (realigning is a kind of copy)."""
     return "copy" if bucket[0] == "realign" else bucket[0]
+
+
+_PRIOR_ODDS: dict[tuple, tuple[float, str]] = {}  # bucket -> (prior odds, kind): priors are fixed
 
 
 class Calibration:
@@ -95,7 +112,6 @@ class Calibration:
     def __init__(self):
         self.counts: dict[str, list[float]] = {}
         self.scale: dict[str, float] = {}
-        self._q: dict[tuple, float] = {}  # q per bucket until the next record()
 
     def record(self, bucket: tuple, hit: bool) -> None:
         """Count one judged draft token."""
@@ -106,15 +122,17 @@ class Calibration:
     def set_counts(self, kind: str, counts: list) -> None:
         """Set [accepted, expected, judged] for a kind and rescale its odds."""
         acc, exp, n = self.counts[kind] = counts
-        self._q.clear()
         # Observed odds over the priors' odds, both shrunk towards the priors.
         self.scale[kind] = ((acc + SHRINK) / (n - acc + SHRINK)) / ((exp + SHRINK) / (n - exp + SHRINK))
 
     def q(self, bucket: tuple) -> float:
-        q = self._q.get(bucket)
-        if q is None:
-            q = self._q[bucket] = _odds_scaled(prior(bucket), self.scale.get(_kind(bucket), 1.0))
-        return q
+        """The acceptance chance for a bucket: its prior with its kind's odds rescaled."""
+        found = _PRIOR_ODDS.get(bucket)
+        if found is None:
+            p = prior(bucket)
+            found = _PRIOR_ODDS[bucket] = (p / (1.0 - p), _kind(bucket))
+        odds = found[0] * self.scale.get(found[1], 1.0)
+        return odds / (1.0 + odds)
 
 
 class AdaptiveDrafter(NGramPredictor):
@@ -177,8 +195,9 @@ class AdaptiveDrafter(NGramPredictor):
         for t in tokens:
             self.update(t)
 
-    def _copy_source(self) -> tuple[list[int], int, int] | None:
-        """(tokens to copy from, position, backward match; -1 when realigning) or None.
+    def _copy_source(self, keys: list[int]) -> tuple[list[int], int, int] | None:
+        """(tokens to copy from, position, backward match; -1 when realigning) or None, given the
+        keys of the current context (see `context_keys`).
 
         The longest match in the request's own text or in memory (memory is searched only when the
         request's own match is short), else a realignment after a broken copy.
@@ -186,7 +205,7 @@ class AdaptiveDrafter(NGramPredictor):
         toks = self._all
         if len(toks) < COPY_KEY:
             return None
-        key = context_keys(toks, COPY_KEY)[COPY_KEY]
+        key = keys[COPY_KEY]
         best = self._longest_match(toks, self._seen.get(key, ()))
         if self.memory is not None and (best is None or best[1] < AGREE_BELOW):
             mem = self._longest_match(self.memory.stream, self.memory.index.get(key, ()))
@@ -215,17 +234,22 @@ class AdaptiveDrafter(NGramPredictor):
                 best = (p, m)
         return best
 
-    def _ngram(self, ctx: list[int]) -> tuple[int, tuple] | None:
-        """The request's tables' prediction, or memory's when it is the more likely to be right."""
-        keys = context_keys(ctx, self.max_order - 1)
+    def _ngram(self, keys: list[int]) -> tuple[int, tuple, float] | None:
+        """(token, bucket, q) from the request's tables, or from memory's when it is the more
+        likely to be right; `keys` are the context's (see `context_keys`)."""
         found = self.lookup_keys(keys)
-        best = None if found is None else (found[1][0], _ngram_bucket("ngram", *found))
+        if found is not None:
+            bucket = _ngram_bucket("ngram", *found)
+            best = (found[1][0], bucket, self.calibration.q(bucket))
+        else:
+            best = None
         if self.memory is not None:
             mem = self.memory.tables.lookup_keys(keys)
             if mem is not None:
-                alt = (mem[1][0], _ngram_bucket("memory", *mem))
-                if best is None or self._q(alt[1]) > self._q(best[1]):
-                    best = alt
+                bucket = _ngram_bucket("memory", *mem)
+                q = self.memory.calibration.q(bucket)
+                if best is None or q > best[2]:
+                    best = (mem[1][0], bucket, q)
         return best
 
     def _q(self, bucket: tuple) -> float:
@@ -243,15 +267,20 @@ class AdaptiveDrafter(NGramPredictor):
         gain = 0.0  # P_1 + ... + P_k for the drafts so far
         p_all = 1.0
         cost = self.cost
+        slopes = min_slopes(cost)
         best_k, best_rate = 0, 1.0 / cost(0)
-        src = self._copy_source()
+        order = self.max_order - 1
+        keys = context_keys(toks, max(order, COPY_KEY))  # of the context the first draft follows
+        src = self._copy_source(keys)
         if src is not None:
             seq, pos, match = src
             own = seq is toks
             kind = "copy" if own else "mcopy"
             cont = own and pos == self._anchor  # the copy the last step was following
-        ctx = toks[-(self.max_order - 1):]
-        while len(drafts) < n:
+        ctx = toks[-order:]
+        while len(drafts) < n and p_all > slopes[len(drafts)] * best_rate:
+            if keys is None:
+                keys = context_keys(ctx, order)
             if src is not None:
                 at = pos + len(drafts)
                 if at < len(seq):
@@ -264,20 +293,23 @@ class AdaptiveDrafter(NGramPredictor):
                     break
                 if match < 0:
                     bucket = ("realign",)
+                    q = self._q(bucket)
                 elif match + len(drafts) >= AGREE_BELOW:
                     bucket = _copy_bucket(match + len(drafts), True, cont, kind)
+                    q = self._q(bucket)
                 else:
-                    alt = self._ngram(ctx)
+                    alt = self._ngram(keys)
                     bucket = _copy_bucket(match + len(drafts), alt is None or alt[0] == tok, cont, kind)
-                    if alt is not None and not bucket[2] and self._q(alt[1]) > self._q(bucket):
+                    q = self._q(bucket)
+                    if alt is not None and not bucket[2] and alt[2] > q:
                         src = None  # the tables know better: stop copying
-                        tok, bucket = alt
+                        tok, bucket, q = alt
             else:
-                alt = self._ngram(ctx)
+                alt = self._ngram(keys)
                 if alt is None:
                     break
-                tok, bucket = alt
-            p_all *= self._q(bucket)
+                tok, bucket, q = alt
+            p_all *= q
             if p_all < MIN_P:
                 break
             drafts.append(tok)
@@ -287,6 +319,7 @@ class AdaptiveDrafter(NGramPredictor):
             if rate > best_rate:
                 best_k, best_rate = len(drafts), rate
             ctx.append(tok)
+            keys = None
         k = best_k
         if k == 0:
             return []

@@ -66,6 +66,7 @@ class NGramPredictor:
         # Longest context first; each table: hash(context) -> [best, best count, {token: count}, total].
         self._orders = list(range(max_order, min_order - 1, -1))
         self._tables: dict[int, dict[int, list]] = {k: {} for k in self._orders}
+        self._by_order = [(k, self._tables[k]) for k in self._orders]
         self._history: deque[int] = deque(maxlen=window)
 
     @property
@@ -85,11 +86,10 @@ class NGramPredictor:
         """
         hist = self._history
         keys = context_keys(hist, self.max_order - 1)
-        tables = self._tables
-        for k in self._orders:
-            if len(keys) < k:
+        n = len(keys)
+        for k, table in self._by_order:
+            if n < k:
                 continue
-            table = tables[k]
             key = keys[k - 1]
             entry = table.get(key)
             if entry is None:
@@ -123,9 +123,10 @@ class NGramPredictor:
     def lookup_keys(self, keys: list[int]) -> tuple[int, list] | None:
         """(order, [best, best count, counts, total]) for the longest known context, given the keys
         from `context_keys`, or None."""
-        for k in self._orders:
-            if len(keys) >= k:
-                entry = self._tables[k].get(keys[k - 1])
+        n = len(keys)
+        for k, table in self._by_order:
+            if n >= k:
+                entry = table.get(keys[k - 1])
                 if entry is not None:
                     return k, entry
         return None

@@ -184,3 +184,30 @@ def test_run_memory_speeds_up_a_repeated_request(tmp_path):
     second = json.loads(runner.invoke(app, args, env=env).stdout)
     assert second["text"] == first["text"] and second["steps"] < first["steps"] / 2
     assert list((tmp_path / "memory").glob("*.npz"))
+
+
+@pytest.mark.parametrize("curve", [{1: 1.0, 2: 1.08, 4: 1.3, 8: 1.8, 16: 2.7, 32: 4.5, 64: 8.0},
+                                   {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.5, 16: 1.5, 32: 3.0, 64: 6.0}])
+def test_early_stop_never_changes_a_draft(monkeypatch, curve):
+    # predict stops once no longer draft can pay (min_slopes); with that bound switched off it
+    # must choose exactly the same drafts on text with copies, repeats and novel spans.
+    from specgen import drafter as D
+    from specgen.calibrate import cost_function
+
+    rng = random.Random(7)
+    base = [rng.randrange(6) for _ in range(60)]  # few symbols: n-grams of every confidence
+    output = base[:30] + [rng.randrange(6) for _ in range(40)] + base[25:] + [3, 4, 5] * 20
+
+    def drafts_made():
+        d = AdaptiveDrafter(cost=cost_function(curve))
+        d.update_batch(base)
+        made = []
+        for t in output:
+            made.append(d.predict(64))
+            d.update_batch([t])
+        return made
+
+    stopped = drafts_made()
+    monkeypatch.setattr(D, "min_slopes", lambda cost: [0.0] * 65)
+    assert drafts_made() == stopped
+    assert sum(map(len, stopped)) > 50
