@@ -127,14 +127,7 @@ def run(
         if not quiet:
             sys.stderr.write(f"specgen: {message}\n")
 
-    mem = mem_path = None
-    if memory:
-        from .memory import NGramMemory, memory_path
-
-        mem_path = memory_path(loaded.key)
-        mem, mem_warning = NGramMemory.load(mem_path, loaded.key, max_order=ngram_order)
-        if mem_warning:
-            notice(f"warning: {mem_warning}")
+    mem, mem_path, mem_warned = _read_memory(loaded, ngram_order, notice) if memory else (None, None, False)
     cost, mode_note = _cost_for(loaded, draft, recalibrate, notice)
     predictor, cap, mode = make_drafter(draft, max_order=ngram_order, window=window, memory=mem,
                                         cost=cost)
@@ -167,7 +160,7 @@ def run(
     if mem is not None and out_ids and not interrupted:
         mem.add(out_ids)
         warning = mem.save(mem_path)
-        if warning and not mem_warning:
+        if warning and not mem_warned:
             notice(f"warning: {warning} (replaced)")
     if json_out:
         sys.stdout.write(json.dumps({"text": out_text, **stats.to_dict()}) + "\n")
@@ -175,6 +168,18 @@ def run(
         sys.stderr.write(stats.summary() + "\n")
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _read_memory(loaded, ngram_order: int, notice):
+    """(memory, its file, whether the file was unusable): this model's memory, empty if none;
+    `notice` gets the warning for an unusable file."""
+    from .memory import NGramMemory, memory_path
+
+    path = memory_path(loaded.key)
+    mem, warning = NGramMemory.load(path, loaded.key, max_order=ngram_order)
+    if warning:
+        notice(f"warning: {warning}")
+    return mem, path, bool(warning)
 
 
 @app.command()
@@ -229,6 +234,7 @@ def bench(
     repeats: int = typer.Option(defaults.BENCH_REPEATS, "--repeats", help="Timed rounds per set."),
     draft: Optional[int] = typer.Option(None, "--draft", show_default=False, help="Fixed draft length (as run --draft); default: adaptive."),
     recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure the verify-cost curve again."),
+    memory: bool = typer.Option(False, "--memory", help="Draft with this model's memory of earlier outputs, read-only (bench adds nothing to it)."),
     raw: bool = typer.Option(False, "--raw", help="Send prompts without the chat template."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per prompt set."),
 ):
@@ -250,14 +256,16 @@ def bench(
         sys.stderr.write(f"specgen bench: {message}\n")
 
     cost, note = _cost_for(loaded, draft, recalibrate, progress)
-    mode = make_drafter(draft)[2] + note
+    mem = _read_memory(loaded, defaults.MAX_ORDER, progress)[0] if memory else None
+    mode = make_drafter(draft)[2] + note + (f", memory of {mem.outputs()} earlier outputs" if mem else "")
     results = []
     for name, texts in sets.items():
         ids = [encode_prompt(loaded.tokenizer, t, chat=chat) for t in texts]
         progress(f"{name}: {len(ids)} prompt(s) x {repeats} rounds, {max_tokens} tokens each")
         res = run_set(name, loaded.model, ids, max_tokens=max_tokens, repeats=repeats,
                       stop=loaded.stop_ids, context_length=loaded.context_length,
-                      make=lambda: make_drafter(draft, cost=cost)[:2])
+                      make=lambda: make_drafter(draft, cost=cost,
+                                                memory=mem.reader() if mem else None)[:2])
         results.append(res.to_dict())
     for r in results:
         for d in r["divergences"]:

@@ -113,6 +113,12 @@ class Calibration:
         self.counts: dict[str, list[float]] = {}
         self.scale: dict[str, float] = {}
 
+    def copy(self) -> "Calibration":
+        other = Calibration()
+        for kind, counts in self.counts.items():
+            other.set_counts(kind, list(counts))
+        return other
+
     def record(self, bucket: tuple, hit: bool) -> None:
         """Count one judged draft token."""
         kind = _kind(bucket)

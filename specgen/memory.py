@@ -9,6 +9,7 @@ warning. It holds no pickles: numpy arrays loaded with allow_pickle=False.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -69,6 +70,14 @@ class NGramMemory:
         self.index: dict[int, list[int]] = {}  # context hash -> stream positions that followed it
         self._added: list[list[int]] = []  # outputs added since load, merged into the file on save
 
+    def reader(self) -> "NGramMemory":
+        """A view for one request that shares the tables and stream but calibrates a copy of the
+        calibration, so that runs being compared (bench) do not learn from one another."""
+        view = copy.copy(self)
+        view.calibration = self.calibration.copy()
+        view._added = []
+        return view
+
     def add(self, tokens) -> None:
         """Remember one finished output (its contexts do not run into the previous one's)."""
         tokens = list(tokens)
@@ -100,6 +109,10 @@ class NGramMemory:
             where.append(p)
             if len(where) > COPY_CANDIDATES:
                 del where[0]
+
+    def outputs(self) -> int:
+        """How many earlier outputs the stream holds."""
+        return self.stream.count(SEP)
 
     def contexts(self) -> int:
         return sum(len(t) for t in self.tables.entries.values())

@@ -80,3 +80,29 @@ def test_bench_bad_input_is_one_line():
     assert r.exit_code == 1 and "no such prompts file" in r.stderr
     r = runner.invoke(app, ["bench", "--repeats", "0"])
     assert r.exit_code == 1 and "--repeats must be at least 1" in r.stderr
+
+
+def test_bench_with_memory_drafts_from_it_and_leaves_it_unchanged(tmp_path):
+    env = {"SPECGEN_CACHE_DIR": str(tmp_path), "SPECGEN_MODEL": "demo"}
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Once upon a time\n")
+    args = ["bench", "--prompts", str(prompts), "-n", "40", "--repeats", "1", "--json"]
+    cold = json.loads(runner.invoke(app, args, env=env).stdout)[0]
+    assert runner.invoke(app, ["run", "--memory", "-n", "40", "Once upon a time"], env=env).exit_code == 0
+    (mem_file,) = (tmp_path / "memory").glob("*.npz")
+    before = mem_file.read_bytes()
+    warm = json.loads(runner.invoke(app, args + ["--memory"], env=env).stdout)[0]
+    assert warm["identical"] and "memory of 1 earlier outputs" in warm["draft_mode"]
+    assert warm["tokens_per_step"] > 2 * cold["tokens_per_step"]  # it copies the earlier output
+    assert mem_file.read_bytes() == before
+
+
+def test_a_memory_reader_calibrates_on_its_own():
+    from specgen.memory import NGramMemory
+
+    mem = NGramMemory("m")
+    mem.calibration.record(("memory", 3, 2, 4), True)
+    view = mem.reader()
+    view.calibration.record(("memory", 3, 2, 4), False)
+    assert mem.calibration.counts["memory"][2] == 1 and view.calibration.counts["memory"][2] == 2
+    assert view.tables is mem.tables and view.stream is mem.stream
