@@ -4,12 +4,14 @@ passes, and a wrapper then makes the recorded trace's next token the argmax at e
 So the cost of every forward pass is real and the text is what a real 7B model wrote.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/emulated.py \\
-        [--traces 6] [--max-tokens 256] [--repeats 3]
+        [--traces 6] [--max-tokens 256] [--repeats 3] [--sets ...] [--memory]
 
 Traces are tokenized with the Llama-2 tokenizer from ../shared. Reports, per trace file, mlx-lm
 plain greedy and specgen (default adaptive drafter with the measured cost curve, and --draft 0)
 decode tok/s (prefill excluded, as in `specgen bench`) in the same process, alternating order,
-medians over repeats, and whether outputs matched the trace.
+medians over repeats, and whether outputs matched the trace. With --memory, specgen also drafts
+from a memory of the file's other outputs (never the timed traces'), read-only, as a returning
+user's `--memory` would.
 """
 
 import argparse
@@ -24,6 +26,7 @@ from mlx_lm.models import llama
 from specgen.bench import mlx_lm_tokens, specgen_tokens
 from specgen.calibrate import cost_function, describe, measure, relative
 from specgen.drafter import make_drafter
+from specgen.memory import NGramMemory
 from specgen.simulate import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -65,6 +68,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-prompt", type=int, default=1024, help="skip traces with longer prompts")
     ap.add_argument("--sets", nargs="*", default=FILES, choices=FILES, help="trace files to run")
+    ap.add_argument("--memory", action="store_true",
+                    help="draft with a memory of the file's other outputs (never the timed ones)")
     args = ap.parse_args()
     enc = load_tokenizer(str(SHARED / "tokenizers/llama2/tokenizer.model"))
     model = build_model()
@@ -80,14 +85,21 @@ def main():
     results = []
     for name in args.sets:
         rows = [json.loads(l) for l in (SHARED / f"traces/{name}.jsonl").read_text().splitlines()]
-        picked = []
-        for row in rows[:: max(1, len(rows) // (4 * args.traces))]:
-            prompt = [1] + enc(row["prompt"])
-            output = enc(row["output"])
+        picked, used = [], set()
+        for i in range(0, len(rows), max(1, len(rows) // (4 * args.traces))):
+            prompt = [1] + enc(rows[i]["prompt"])
+            output = enc(rows[i]["output"])
             if len(prompt) <= args.max_prompt and len(output) >= 32:
                 picked.append((prompt, output[: args.max_tokens]))
+                used.add(i)
             if len(picked) == args.traces:
                 break
+        mem = None
+        if args.memory:  # what a returning user has: this model's earlier answers to other prompts
+            mem = NGramMemory("emulated")
+            for i, row in enumerate(rows):
+                if i not in used:
+                    mem.add(enc(row["output"]))
         ratios, d0_ratios, base_tps, spec_tps = [], [], [], []
         tokens = steps = 0
         identical = True
@@ -104,7 +116,8 @@ def main():
                         n_base += n
                     elif who == "spec":
                         spec_out, st, secs = specgen_tokens(forced, prompt, len(output), frozenset(),
-                                                            lambda: make_drafter(None, cost=cost)[:2], None)
+                                                            lambda: make_drafter(None, cost=cost,
+                                                                                memory=mem and mem.reader())[:2], None)
                         t_spec += secs
                         n_spec += len(spec_out)
                         if r == 0:
