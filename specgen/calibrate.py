@@ -23,6 +23,7 @@ from .memory import cache_dir
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that are timed
 CONTEXT = 128  # tokens in the cache while timing (a short prompt's worth)
 BUDGET_S = 1.5  # about how long a calibration may take
+MAX_ROUNDS = 100  # rounds of all sizes at most (tiny models fit many in the budget)
 
 
 def machine_id() -> str:
@@ -34,8 +35,11 @@ SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back hom
 
 
 def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -> dict[int, float]:
-    """Seconds of a forward pass (with argmax read-back, as a verify step does) per size: the
-    25th percentile of the rounds, since interference only ever adds time. `sample`: token ids
+    """Seconds of a forward pass (with argmax read-back, as a verify step does) per size.
+
+    One position's time is the 25th percentile of the rounds (interference only ever adds time);
+    every other size is that times the median, over rounds, of its time over one position's in
+    the same round, so a burst of load that slows a whole round cancels out. `sample`: token ids
     the model knows (any text's), repeated to fill the context."""
     tokens = (sample * (CONTEXT + max(sizes)))[: CONTEXT + max(sizes)]
     cache = make_prompt_cache(model)
@@ -53,12 +57,14 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -
     for k in sizes:  # warm-up: first calls compile kernels and allocate
         step(k)
     per_round = sum(step(k) for k in sizes)
-    rounds = max(3, min(25, int(budget_s / max(per_round, 1e-6))))
+    rounds = max(5, min(MAX_ROUNDS, int(budget_s / max(per_round, 1e-6))))
     times = {k: [] for k in sizes}
     for r in range(rounds):
         for k in (sizes if r % 2 == 0 else reversed(sizes)):
             times[k].append(step(k))
-    return {k: statistics.quantiles(v, n=4)[0] for k, v in times.items()}
+    one = statistics.quantiles(times[sizes[0]], n=4)[0]
+    return {k: one * statistics.median(t / t1 for t, t1 in zip(v, times[sizes[0]]))
+            for k, v in times.items()}
 
 
 def relative(seconds: dict[int, float]) -> dict[int, float]:
