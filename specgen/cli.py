@@ -257,6 +257,8 @@ def bench(
 
     cost, note = _cost_for(loaded, draft, recalibrate, progress)
     mem = _read_memory(loaded, defaults.MAX_ORDER, progress)[0] if memory else None
+    if mem is not None and not mem.outputs():
+        progress(f"warning: {loaded.spec.name} has no memory yet; `specgen run --memory` builds it")
     mode = make_drafter(draft)[2] + note + (f", memory of {mem.outputs()} earlier outputs" if mem else "")
     results = []
     for name, texts in sets.items():
