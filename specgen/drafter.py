@@ -273,7 +273,7 @@ class AdaptiveDrafter(NGramPredictor):
         gain = 0.0  # P_1 + ... + P_k for the drafts so far
         p_all = 1.0
         cost = self.cost
-        slopes = min_slopes(cost)
+        slopes = min_slopes(cost, max(n, defaults.MAX_DRAFT))
         best_k, best_rate = 0, 1.0 / cost(0)
         order = self.max_order - 1
         keys = context_keys(toks, max(order, COPY_KEY))  # of the context the first draft follows
@@ -297,19 +297,18 @@ class AdaptiveDrafter(NGramPredictor):
                     break
                 if tok < 0:  # the end of an output in memory's stream
                     break
+                alt = None
                 if match < 0:
                     bucket = ("realign",)
-                    q = self._q(bucket)
                 elif match + len(drafts) >= AGREE_BELOW:
                     bucket = _copy_bucket(match + len(drafts), True, cont, kind)
-                    q = self._q(bucket)
                 else:
                     alt = self._ngram(keys)
                     bucket = _copy_bucket(match + len(drafts), alt is None or alt[0] == tok, cont, kind)
-                    q = self._q(bucket)
-                    if alt is not None and not bucket[2] and alt[2] > q:
-                        src = None  # the tables know better: stop copying
-                        tok, bucket, q = alt
+                q = self._q(bucket)
+                if alt is not None and not bucket[2] and alt[2] > q:
+                    src = None  # the tables know better: stop copying
+                    tok, bucket, q = alt
             else:
                 alt = self._ngram(keys)
                 if alt is None:

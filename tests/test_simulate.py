@@ -208,6 +208,6 @@ def test_early_stop_never_changes_a_draft(monkeypatch, curve):
         return made
 
     stopped = drafts_made()
-    monkeypatch.setattr(D, "min_slopes", lambda cost: [0.0] * 65)
+    monkeypatch.setattr(D, "min_slopes", lambda cost, longest: [0.0] * (longest + 1))
     assert drafts_made() == stopped
     assert sum(map(len, stopped)) > 50
