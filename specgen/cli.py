@@ -128,6 +128,8 @@ def run(
             sys.stderr.write(f"specgen: {message}\n")
 
     mem, mem_path, mem_warned = _read_memory(loaded, ngram_order, notice) if memory else (None, None, False)
+    if memory and draft is not None:
+        notice("--memory drafts only with the adaptive drafter (no --draft); this run just adds its output to it")
     cost, mode_note = _cost_for(loaded, draft, recalibrate, notice)
     predictor, cap, mode = make_drafter(draft, max_order=ngram_order, window=window, memory=mem,
                                         cost=cost)
@@ -245,6 +247,8 @@ def bench(
     from .prompts import encode_prompt
 
     check_settings(max_tokens=max_tokens, draft=draft)
+    if memory and draft is not None:
+        raise SpecgenError("--memory drafts only with the adaptive drafter: leave out --draft")
     if repeats < 1:
         raise SpecgenError(f"--repeats must be at least 1 (got {repeats})")
     sets = read_prompt_file(prompts) if prompts else None

@@ -184,6 +184,8 @@ def test_run_memory_speeds_up_a_repeated_request(tmp_path):
     second = json.loads(runner.invoke(app, args, env=env).stdout)
     assert second["text"] == first["text"] and second["steps"] < first["steps"] / 2
     assert list((tmp_path / "memory").glob("*.npz"))
+    fixed = runner.invoke(app, ["run", "--memory", "--draft", "4", "-n", "8", "Once upon a time"], env=env)
+    assert fixed.exit_code == 0 and "--memory drafts only with the adaptive drafter" in fixed.stderr
 
 
 @pytest.mark.parametrize("curve", [{1: 1.0, 2: 1.08, 4: 1.3, 8: 1.8, 16: 2.7, 32: 4.5, 64: 8.0},
