@@ -285,8 +285,6 @@ class AdaptiveDrafter(NGramPredictor):
             cont = own and pos == self._anchor  # the copy the last step was following
         ctx = toks[-order:]
         while len(drafts) < n and p_all > slopes[len(drafts)] * best_rate:
-            if keys is None:
-                keys = context_keys(ctx, order)
             if src is not None:
                 at = pos + len(drafts)
                 if at < len(seq):
@@ -303,14 +301,14 @@ class AdaptiveDrafter(NGramPredictor):
                 elif match + len(drafts) >= AGREE_BELOW:
                     bucket = _copy_bucket(match + len(drafts), True, cont, kind)
                 else:
-                    alt = self._ngram(keys)
+                    alt = self._ngram(keys or context_keys(ctx, order))
                     bucket = _copy_bucket(match + len(drafts), alt is None or alt[0] == tok, cont, kind)
                 q = self._q(bucket)
                 if alt is not None and not bucket[2] and alt[2] > q:
                     src = None  # the tables know better: stop copying
                     tok, bucket, q = alt
             else:
-                alt = self._ngram(keys)
+                alt = self._ngram(keys or context_keys(ctx, order))
                 if alt is None:
                     break
                 tok, bucket, q = alt
@@ -324,7 +322,7 @@ class AdaptiveDrafter(NGramPredictor):
             if rate > best_rate:
                 best_k, best_rate = len(drafts), rate
             ctx.append(tok)
-            keys = None
+            keys = None  # hashed again only if the n-gram tables are asked
         k = best_k
         if k == 0:
             return []
