@@ -132,7 +132,7 @@ def mlx_lm_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset
     return out, max(len(out) - 1, 0), time.perf_counter() - start
 
 
-def specgen_tokens(model, prompt, max_tokens, stop, make, context_length
+def specgen_tokens(model, prompt, max_tokens, stop, make, context_length, pipeline_after=None
                    ) -> tuple[list[int], list[Step], float]:
     """specgen's loop with a fresh drafter from `make()` -> (drafter, most drafts per step).
 
@@ -141,7 +141,7 @@ def specgen_tokens(model, prompt, max_tokens, stop, make, context_length
     drafter, cap = make()
     steps, start = [], None
     for e in generate(model, prompt, predictor=drafter, draft=cap, max_tokens=max_tokens,
-                      stop_tokens=stop, context_length=context_length):
+                      stop_tokens=stop, context_length=context_length, pipeline_after=pipeline_after):
         if isinstance(e, Step):
             steps.append(e)
         else:
@@ -150,11 +150,11 @@ def specgen_tokens(model, prompt, max_tokens, stop, make, context_length
 
 
 def run_set(name: str, model, prompts: list[list[int]], *, max_tokens: int, repeats: int, stop,
-            make, context_length=None) -> SetResult:
+            make, context_length=None, pipeline_after=None) -> SetResult:
     """Benchmark one prompt set (token ids) against mlx-lm; see the module docstring."""
     res = SetResult(name, len(prompts))
     mlx_lm_tokens(model, prompts[0], min(max_tokens, 16), stop)  # warm-up
-    specgen_tokens(model, prompts[0], min(max_tokens, 16), stop, make, context_length)
+    specgen_tokens(model, prompts[0], min(max_tokens, 16), stop, make, context_length, pipeline_after)
     for r in range(repeats):
         totals = {"base": [0, 0.0], "spec": [0, 0.0]}
         for i, prompt in enumerate(prompts):
@@ -165,7 +165,7 @@ def run_set(name: str, model, prompts: list[list[int]], *, max_tokens: int, repe
                     outputs[who], n, secs = mlx_lm_tokens(model, prompt, max_tokens, stop)
                 else:
                     outputs[who], steps, secs = specgen_tokens(model, prompt, max_tokens, stop, make,
-                                                               context_length)
+                                                               context_length, pipeline_after)
                     n = len(outputs[who])
                 totals[who][0] += n
                 totals[who][1] += secs

@@ -70,17 +70,18 @@ def _resolve_model(name: str):
 
 
 def _cost_for(loaded, draft, recalibrate, notice):
-    """The adaptive drafter's measured cost function (None for --draft N) and a note for the stats."""
+    """For the adaptive drafter: its measured cost function, a note for the stats, and when to
+    queue plain steps ahead (see decode.generate); (None, "", None) for --draft N."""
     if draft is not None:
-        return None, ""
-    from .calibrate import describe, model_cost
+        return None, "", None
+    from .calibrate import describe, model_cost, pipeline_after
 
-    cost, curve, fresh = model_cost(loaded, recalibrate=recalibrate)
+    cost, curve, overlap, fresh = model_cost(loaded, recalibrate=recalibrate)
     if curve is None:
-        return None, ""  # no speculation: generate() says why
+        return None, "", None  # no speculation: generate() says why
     if fresh:
-        notice(f"measured verify cost for {loaded.spec.name}: {describe(curve)} (cached)")
-    return cost, f", {describe(curve)}"
+        notice(f"measured verify cost for {loaded.spec.name}: {describe(curve, overlap)} (cached)")
+    return cost, f", {describe(curve, overlap)}", pipeline_after(overlap)
 
 
 @app.command()
@@ -130,14 +131,14 @@ def run(
     mem, mem_path, mem_warned = _read_memory(loaded, ngram_order, notice) if memory else (None, None, False)
     if memory and draft is not None:
         notice("--memory drafts only with the adaptive drafter (no --draft); this run just adds its output to it")
-    cost, mode_note = _cost_for(loaded, draft, recalibrate, notice)
+    cost, mode_note, ahead = _cost_for(loaded, draft, recalibrate, notice)
     predictor, cap, mode = make_drafter(draft, max_order=ngram_order, window=window, memory=mem,
                                         cost=cost)
     stats = RunStats(model=loaded.spec.name, draft_mode=mode + mode_note, temp=temp,
                      seed=getattr(selector, "seed", None))
     events = generate(loaded.model, ids, predictor=predictor, draft=cap, max_tokens=max_tokens,
                       stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
-                      selector=selector)
+                      selector=selector, pipeline_after=ahead)
 
     interrupted = False
     out_ids: list[int] = []
@@ -196,6 +197,8 @@ def simulate(
     window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
     beta: float = typer.Option(defaults.BETA, "--beta", help="Verify cost per drafted token, relative to one forward pass."),
     memory: bool = typer.Option(False, "--memory", help="Replay the traces in order into one memory that starts empty."),
+    pipeline_after: Optional[int] = typer.Option(None, "--pipeline-after", show_default=False,
+                                                 help="Replay as run does where queuing plain steps ahead pays: after N silent drafter steps, a step drafts nothing."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per file."),
 ):
     """Replay real model outputs through the drafter: steps, acceptance and predicted speedup."""
@@ -215,7 +218,10 @@ def simulate(
         return make_drafter(draft, max_order=ngram_order, window=window, cost=linear_cost(beta),
                             memory=mem)[0]
 
-    reports = [simulate_file(path, read_traces(path, encode), fresh, draft=cap, beta=beta, memory=mem)
+    if pipeline_after is not None and pipeline_after < 1:
+        raise SpecgenError(f"--pipeline-after must be at least 1 (got {pipeline_after})")
+    reports = [simulate_file(path, read_traces(path, encode), fresh, draft=cap, beta=beta, memory=mem,
+                             pipeline_after=pipeline_after)
                for path in traces]
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
@@ -259,7 +265,7 @@ def bench(
     def progress(message):
         sys.stderr.write(f"specgen bench: {message}\n")
 
-    cost, note = _cost_for(loaded, draft, recalibrate, progress)
+    cost, note, ahead = _cost_for(loaded, draft, recalibrate, progress)
     mem = _read_memory(loaded, defaults.MAX_ORDER, progress)[0] if memory else None
     if mem is not None and not mem.outputs():
         progress(f"warning: {loaded.spec.name} has no memory yet; `specgen run --memory` builds it")
@@ -269,7 +275,7 @@ def bench(
         ids = [encode_prompt(loaded.tokenizer, t, chat=chat) for t in texts]
         progress(f"{name}: {len(ids)} prompt(s) x {repeats} rounds, {max_tokens} tokens each")
         res = run_set(name, loaded.model, ids, max_tokens=max_tokens, repeats=repeats,
-                      stop=loaded.stop_ids, context_length=loaded.context_length,
+                      stop=loaded.stop_ids, context_length=loaded.context_length, pipeline_after=ahead,
                       make=lambda: make_drafter(draft, cost=cost,
                                                 memory=mem.reader() if mem else None)[:2])
         results.append(res.to_dict())

@@ -89,11 +89,15 @@ def generate(
     context_length: int | None = None,
     prompt_cache: list | None = None,
     selector: Selector = GREEDY,
+    pipeline_after: int | None = None,
 ) -> Iterator[Prefilled | Step]:
     """Generate from `prompt` (token ids), speculating with `predictor` when the cache allows it.
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
-    yielded step the cache holds every prompt and emitted token except the last emitted one.
+    yielded step the cache holds every prompt and emitted token except the last emitted one
+    (and that one too while a plain step is queued: see `pipeline_after` below).
+    `pipeline_after`: queue plain steps ahead once the drafter has been silent this many steps in
+    a row (None: never; see calibrate.pipeline_after).
     """
     if not prompt:
         raise InputError("the prompt is empty")
@@ -148,50 +152,56 @@ def generate(
             predictor.update_batch(prompt)
         yield Prefilled(len(prompt), speculation)
 
-        if speculation != "on":
-            # Plain decoding, pipelined like mlx_lm.generate_step: the next forward pass is queued
-            # before the current token is read back, so Python overhead overlaps the model.
-            y = selector.pick(forward([history[-1]])[-1], history, len(history))
-            mx.async_eval(y)
-            try:
-                while True:
-                    nxt = len(history) + 1  # position of the token after y
-                    queued = nxt < len(prompt) + max_tokens and (
-                        context_length is None or nxt < context_length
-                    )
-                    if queued:
-                        next_y = selector.pick(forward(y.reshape(1))[-1], history, nxt)
-                        mx.async_eval(next_y)
-                    emitted, stop = finish([y.item()])
-                    yield Step(tuple(emitted), stop_reason=stop)
-                    if stop or not queued:
-                        return
-                    y = next_y
-            finally:
-                rewind_to(len(history) - 1)
-
+        # A plain step may be queued before the token in flight is read back, as
+        # mlx_lm.generate_step does, so that Python overlaps the model: always when not speculating,
+        # else once the drafter has had nothing to say `pipeline_after` steps in a row. A queued
+        # step drafts nothing, whatever the drafter says about its position once it is read.
+        blind_after = 0 if speculation != "on" else pipeline_after
+        end = len(prompt) + max_tokens
+        pending = None  # the lazy token of a queued plain step, at position len(history)
+        silent = 0  # steps in a row for which the drafter had nothing
         warned = False
-        while True:
-            pos = len(history)  # absolute position of the token this step emits first
-            room = draft_room(draft, pos, len(prompt) + max_tokens, context_length)
-            notice = None
-            if limit is not None and limit - pos - 1 < room:
-                room = max(limit - pos - 1, 0)
-                if room == 0 and not warned:
-                    warned = True
-                    notice = (f"speculation off from token {pos}: the sliding-window cache "
-                              "cannot be rolled back once it wraps")
-            drafts = predictor.predict(room) if room > 0 else []
-            logits = forward([history[-1], *drafts])
-            # A draft token is accepted iff it equals the selector's choice at its position (argmax,
-            # or the sample keyed by seed and position); the first mismatch (or the position after
-            # the last draft) emits that choice: each step yields exactly what plain decoding would.
-            chosen = selector.verify(logits, history, pos, drafts)
-            n = 0
-            while n < len(drafts) and drafts[n] == chosen[n]:
-                n += 1
-            emitted, stop = finish(drafts[:n] + [chosen[n]])
+        try:
+            while True:
+                pos = len(history)  # absolute position of the token this step emits first
+                room = draft_room(draft, pos, end, context_length) if speculation == "on" else 0
+                notice = None
+                if limit is not None and limit - pos - 1 < room:
+                    room = max(limit - pos - 1, 0)
+                    if room == 0 and not warned:
+                        warned = True
+                        notice = (f"speculation off from token {pos}: the sliding-window cache "
+                                  "cannot be rolled back once it wraps")
+                drafts = predictor.predict(room) if room > 0 else []
+                if pending is None:
+                    logits = forward([history[-1], *drafts])
+                    if drafts:
+                        # A draft token is accepted iff it equals the selector's choice at its
+                        # position (argmax, or the sample keyed by seed and position); the first
+                        # mismatch (or the position after the last draft) emits that choice: each
+                        # step yields exactly what plain decoding would.
+                        chosen = selector.verify(logits, history, pos, drafts)
+                        n = 0
+                        while n < len(drafts) and drafts[n] == chosen[n]:
+                            n += 1
+                        emitted, stop = finish(drafts[:n] + [chosen[n]])
+                        rewind_to(len(history) - 1)
+                        silent = 0
+                        yield Step(tuple(emitted), len(drafts), min(n, len(emitted)), stop, notice)
+                        if stop:
+                            return
+                        continue
+                    pending = selector.pick(logits[-1], history, pos)
+                silent = 0 if drafts else silent + 1
+                queued = None
+                if (blind_after is not None and silent >= blind_after and pos + 1 < end
+                        and (context_length is None or pos + 1 < context_length)):
+                    queued = selector.pick(forward(pending.reshape(1))[-1], history, pos + 1)
+                    mx.async_eval(queued)
+                emitted, stop = finish([pending.item()])
+                yield Step(tuple(emitted), stop_reason=stop, notice=notice)
+                if stop:
+                    return
+                pending = queued
+        finally:
             rewind_to(len(history) - 1)
-            yield Step(tuple(emitted), len(drafts), min(n, len(emitted)), stop, notice)
-            if stop:
-                return

@@ -68,11 +68,13 @@ class FileReport:
 
 
 def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: float,
-           max_tokens: int | None = None, context_length: int | None = None) -> Tally:
+           max_tokens: int | None = None, context_length: int | None = None,
+           pipeline_after: int | None = None) -> Tally:
     """Count the steps greedy speculation with `drafter` needs to emit `output` after `prompt`.
 
     `max_tokens` (default: the output's length) and `context_length` limit drafts as in `run`;
     tokens past the end of `output` never match, like the tokens after a stop token.
+    `pipeline_after` as in `decode.generate`: a step queued ahead drafts nothing.
     """
     t = Tally(traces=1, output_tokens=len(output))
     clock = time.perf_counter
@@ -81,10 +83,17 @@ def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: f
     spent = clock() - t0
     end = len(prompt) + (len(output) if max_tokens is None else max_tokens)
     i = 0
+    silent = 0  # steps in a row for which the drafter had nothing
+    queued = False  # this step was queued ahead (see decode.generate): it drafts nothing
     while i < len(output):
         t0 = clock()
         drafts = drafter.predict(draft_room(draft, len(prompt) + i, end, context_length))
         spent += clock() - t0
+        silent = 0 if drafts else silent + 1
+        plain = queued or not drafts
+        queued = plain and pipeline_after is not None and silent >= pipeline_after
+        if plain:
+            drafts = []
         n = 0
         while n < len(drafts) and i + n < len(output) and drafts[n] == output[i + n]:
             n += 1
@@ -173,7 +182,8 @@ def read_traces(path: str, encode: Callable[[str], list[int]] | None) -> list[Tr
 
 
 def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[], object], *,
-                  draft: int, beta: float = defaults.BETA, memory=None) -> FileReport:
+                  draft: int, beta: float = defaults.BETA, memory=None,
+                  pipeline_after: int | None = None) -> FileReport:
     """Replay every trace of a file with a fresh drafter each (see make_drafter) and tally them.
 
     With a `memory`, each trace's output is added to it after its replay, in file order.
@@ -181,7 +191,8 @@ def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[],
     report = FileReport(file=path)
     start = time.perf_counter()
     for tr in traces:
-        t = replay(tr.prompt, tr.output, make_drafter(), draft=draft, beta=beta)
+        t = replay(tr.prompt, tr.output, make_drafter(), draft=draft, beta=beta,
+                   pipeline_after=pipeline_after)
         if memory is not None:
             memory.add(tr.output)
         report.total.add(t)

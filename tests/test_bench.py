@@ -32,13 +32,13 @@ def test_cost_function_interpolates_and_extrapolates():
 def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
     sample = stories.tokenizer.encode("Once upon a time")
-    curve, fresh = load_or_measure(stories.model, "m", sample)
-    assert fresh and curve[1] == 1.0 and all(curve[k] >= 1.0 for k in curve)
-    again, fresh = load_or_measure(stories.model, "m", sample)
-    assert not fresh and again == curve
-    assert load_or_measure(stories.model, "m", sample, recalibrate=True)[1]
+    curve, overlap, fresh = load_or_measure(stories.model, "m", sample)
+    assert fresh and curve[1] == 1.0 and all(curve[k] >= 1.0 for k in curve) and 0 <= overlap < 1
+    again, again_overlap, fresh = load_or_measure(stories.model, "m", sample)
+    assert not fresh and again == curve and again_overlap == overlap
+    assert load_or_measure(stories.model, "m", sample, recalibrate=True)[2]
     (tmp_path / "calibration.json").write_text("{broken")
-    assert load_or_measure(stories.model, "m", sample)[1]  # a damaged cache is measured over
+    assert load_or_measure(stories.model, "m", sample)[2]  # a damaged cache is measured over
 
 
 def test_run_set_reports_identical_outputs_and_consistent_stats():

@@ -72,10 +72,10 @@ def test_json_has_every_documented_field_and_the_stats_add_up():
 
 def test_seeded_sampling_is_repeatable_and_unchanged_by_speculation():
     args = ["run", "-n", "80", "--json", "--temp", "0.8", "--top-p", "0.95", "--seed", "3", ONCE]
-    runs = [json.loads(invoke(args + extra).stdout) for extra in ([], [], ["--draft", "0"])]
+    runs = [json.loads(invoke(args + extra).stdout) for extra in ([], ["--draft", "4"], ["--draft", "0"])]
     assert runs[0]["text"] == runs[1]["text"] == runs[2]["text"]
     assert runs[0]["seed"] == 3 and runs[0]["temp"] == 0.8
-    assert runs[0]["drafted"] > 0 and runs[2]["drafted"] == 0
+    assert runs[1]["drafted"] > 0 and runs[2]["drafted"] == 0
 
 
 def test_demo_stops_at_the_end_of_the_story():

@@ -108,3 +108,33 @@ def test_prompt_longer_than_the_context_is_rejected_with_the_numbers():
 def test_bad_settings_are_input_errors(kw):
     with pytest.raises(InputError):
         next(generate(ScriptedModel(CYCLE), [1, 2], **kw))
+
+
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_plain_steps_queued_ahead_change_nothing_but_the_drafting(stories, ahead):
+    # Queued steps draft nothing, yet the text is plain decoding's, and the cache is exact after
+    # the run (a step queued past the last token is rolled back).
+    cache = make_prompt_cache(stories.model)
+    prompt = stories.tokenizer.encode("Once upon a time, there was a dog. The dog was happy.")
+    tokens, steps, _ = run(stories.model, prompt, max_tokens=150, pipeline_after=ahead,
+                           prompt_cache=cache)
+    assert tokens == plain_tokens(stories.model, prompt, 150)
+    assert all(c.offset == len(prompt) + len(tokens) - 1 for c in cache)
+    assert sum(s.accepted for s in steps) > 0
+
+
+def test_a_step_queued_ahead_drafts_nothing_exactly_after_silence():
+    # The prompt 1 2 3 4 5 teaches 1->2 ... 4->5; the model then emits 6 7 1 2 3 4 5 6 7. The
+    # drafter knows nothing after 5, 6 and 7, so the first three steps are plain either way; then
+    # it drafts 2 3 4 after 1. With pipeline_after=1, the step that emits 2 was queued while the
+    # drafter was still silent about 7 -> 1, so it drafts nothing; the next one drafts 3 4 5,
+    # which leaves one token to go and no room to draft.
+    rule = {1: 2, 2: 3, 3: 4, 4: 5, 5: 6, 6: 7, 7: 1}
+    shapes = {}
+    for ahead in (None, 1):
+        tokens, steps, _ = run(ScriptedModel(rule), [1, 2, 3, 4, 5], max_tokens=9, draft=3,
+                               pipeline_after=ahead)
+        assert tokens == [6, 7, 1, 2, 3, 4, 5, 6, 7]
+        shapes[ahead] = [(s.drafted, len(s.tokens)) for s in steps]
+    assert shapes[None] == [(0, 1), (0, 1), (0, 1), (3, 4), (1, 2)]
+    assert shapes[1] == [(0, 1), (0, 1), (0, 1), (0, 1), (3, 4), (0, 1)]

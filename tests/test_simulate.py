@@ -53,16 +53,17 @@ def test_adaptive_drafter_copies_long_spans_and_skips_novel_text():
     assert novel.drafted <= 20 and novel.output_tokens / novel.cost > 0.99
 
 
-@pytest.mark.parametrize("draft", [None, 4])
-def test_simulate_reproduces_the_step_count_of_a_real_run(stories, draft):
+@pytest.mark.parametrize("draft,ahead", [(None, None), (4, None), (None, 2), (None, 1)])
+def test_simulate_reproduces_the_step_count_of_a_real_run(stories, draft, ahead):
     prompt = stories.tokenizer.encode("Once upon a time, there was a little dog. The little dog")
     drafter, cap, _ = make_drafter(draft)
     tokens, steps, _ = run(stories.model, prompt, predictor=drafter, draft=cap, max_tokens=200,
-                           stop_tokens=stories.stop_ids, context_length=stories.context_length)
+                           stop_tokens=stories.stop_ids, context_length=stories.context_length,
+                           pipeline_after=ahead)
     if steps[-1].stop_reason == "stop":
         tokens = tokens + [1]  # the stop token the run emitted but did not show (BOS ends a story)
     t = replay(prompt, tokens, make_drafter(draft)[0], draft=cap, beta=0.08, max_tokens=200,
-               context_length=stories.context_length)
+               context_length=stories.context_length, pipeline_after=ahead)
     assert t.steps == len(steps)
     assert t.accepted == sum(s.accepted for s in steps) or steps[-1].stop_reason == "stop"
     assert t.drafted == sum(s.drafted for s in steps)
