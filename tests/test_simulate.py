@@ -90,6 +90,13 @@ def test_simulate_json_per_file_and_category(tmp_path):
     assert d["categories"]["loop"]["steps"] == 4 and d["categories"]["edit"]["steps"] == 3
     assert d["predicted_speedup"] == round(27 / (7 + 0.1 * 24), 4)
     assert runner.invoke(app, ["simulate", f, "--draft", "4", "--json"]).stdout.count('"steps"') == 3
+    # Queued ahead after each silent step: in "b" nothing follows 5 yet, so the step that emits 1
+    # is plain, the next is queued ahead and emits 2 alone: 2 3 4 5 1 takes two steps, not one.
+    r = runner.invoke(app, ["simulate", f, "--draft", "4", "--pipeline-after", "1", "--json"])
+    (d,) = json.loads(r.stdout)
+    assert d["categories"]["loop"]["steps"] == 4 and d["categories"]["edit"]["steps"] == 4
+    r = runner.invoke(app, ["simulate", f, "--pipeline-after", "0"])
+    assert r.exit_code == 1 and "--pipeline-after must be at least 1" in r.stderr
 
 
 def test_simulate_text_traces_with_a_real_tokenizer(tmp_path):
