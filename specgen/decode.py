@@ -164,14 +164,15 @@ def generate(
         try:
             while True:
                 pos = len(history)  # absolute position of the token this step emits first
-                room = draft_room(draft, pos, end, context_length) if speculation == "on" else 0
-                notice = None
-                if limit is not None and limit - pos - 1 < room:
-                    room = max(limit - pos - 1, 0)
-                    if room == 0 and not warned:
-                        warned = True
-                        notice = (f"speculation off from token {pos}: the sliding-window cache "
-                                  "cannot be rolled back once it wraps")
+                room, notice = 0, None
+                if speculation == "on":
+                    room = draft_room(draft, pos, end, context_length)
+                    if limit is not None and limit - pos - 1 < room:
+                        room = max(limit - pos - 1, 0)
+                        if room == 0 and not warned:
+                            warned = True
+                            notice = (f"speculation off from token {pos}: the sliding-window "
+                                      "cache cannot be rolled back once it wraps")
                 drafts = predictor.predict(room) if room > 0 else []
                 if pending is None:
                     logits = forward([history[-1], *drafts])

@@ -45,7 +45,7 @@ def test_cache_that_cannot_roll_back_decodes_plainly_and_says_why():
     model = tiny_model("mamba")
     tokens, steps, pre = run(model, REPETITIVE, max_tokens=60)
     assert pre.speculation.startswith("off:") and "ArraysCache" in pre.speculation
-    assert all(s.drafted == 0 for s in steps)
+    assert all(s.drafted == 0 and s.notice is None for s in steps)
     assert tokens == plain_tokens(model, REPETITIVE, 60)
 
 
