@@ -156,7 +156,7 @@ def generate(
         # mlx_lm.generate_step does, so that Python overlaps the model: always when not speculating,
         # else once the drafter has had nothing to say `pipeline_after` steps in a row. A queued
         # step drafts nothing, whatever the drafter says about its position once it is read.
-        blind_after = 0 if speculation != "on" else pipeline_after
+        queue_after = 0 if speculation != "on" else pipeline_after
         end = len(prompt) + max_tokens
         pending = None  # the lazy token of a queued plain step, at position len(history)
         silent = 0  # steps in a row for which the drafter had nothing
@@ -195,7 +195,7 @@ def generate(
                     pending = selector.pick(logits[-1], history, pos)
                 silent = 0 if drafts else silent + 1
                 queued = None
-                if (blind_after is not None and silent >= blind_after and pos + 1 < end
+                if (queue_after is not None and silent >= queue_after and pos + 1 < end
                         and (context_length is None or pos + 1 < context_length)):
                     queued = selector.pick(forward(pending.reshape(1))[-1], history, pos + 1)
                     mx.async_eval(queued)
