@@ -28,7 +28,8 @@ PIPELINE_AFTER = 2  # silent drafter steps after which plain steps are queued ah
 # Queuing plain steps ahead after 2 silent ones costs chat about 1.4% of its tokens per unit of
 # cost (simulate, shared traces) and covers about 35% of its steps: it pays when it saves > 4%.
 OVERLAP_MIN = 0.04
-OVERLAP_STEPS, OVERLAP_ROUNDS = 8, 3  # plain steps timed each way, and how often
+OVERLAP_STEPS = 8  # plain steps timed each way per round
+OVERLAP_ROUNDS = (3, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 3
 
 
 def machine_id() -> str:
@@ -110,7 +111,7 @@ def cost_function(curve: dict[int, float]) -> Callable[[int], float]:
 
 def measure_overlap(model, sample: list[int]) -> float:
     """The share of a plain step's time saved by queuing the next one before reading it back
-    (what mlx_lm.generate_step does), median over rounds; 0 when it saves nothing."""
+    (what mlx_lm.generate_step does), from the medians over rounds; 0 when it saves nothing."""
     cache = make_prompt_cache(model)
     model(mx.array([(sample * CONTEXT)[:CONTEXT]], mx.uint32), cache=cache)
     mx.eval([c.state for c in cache])
@@ -131,9 +132,10 @@ def measure_overlap(model, sample: list[int]) -> float:
         trim_prompt_cache(cache, OVERLAP_STEPS + 1)
         return dt
 
-    steps(True)  # warm-up
+    per_round = steps(True) + steps(False)  # warm-up, and how long a round takes
+    rounds = max(OVERLAP_ROUNDS[0], min(OVERLAP_ROUNDS[1], int(BUDGET_S / 3 / max(per_round, 1e-6))))
     synced, ahead = [], []
-    for _ in range(OVERLAP_ROUNDS):
+    for _ in range(rounds):
         synced.append(steps(False))
         ahead.append(steps(True))
     return max(0.0, 1.0 - statistics.median(ahead) / statistics.median(synced))
