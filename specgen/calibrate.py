@@ -37,6 +37,14 @@ def machine_id() -> str:
     return f"{platform.node()}|{platform.machine()}|{mx.default_device()}|mlx {mx.__version__}"
 
 
+def _primed_cache(model, tokens: list[int]):
+    """A cache holding the first CONTEXT of `tokens` (a short prompt's worth), evaluated."""
+    cache = make_prompt_cache(model)
+    model(mx.array([tokens[:CONTEXT]], mx.uint32), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
 SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
 
 
@@ -48,9 +56,7 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -
     the same round, so a burst of load that slows a whole round cancels out. `sample`: token ids
     the model knows (any text's), repeated to fill the context."""
     tokens = (sample * (CONTEXT + max(sizes)))[: CONTEXT + max(sizes)]
-    cache = make_prompt_cache(model)
-    model(mx.array([tokens[:CONTEXT]], mx.uint32), cache=cache)
-    mx.eval([c.state for c in cache])
+    cache = _primed_cache(model, tokens)
 
     def step(k):
         x = mx.array([tokens[CONTEXT : CONTEXT + k]], mx.uint32)
@@ -112,9 +118,7 @@ def cost_function(curve: dict[int, float]) -> Callable[[int], float]:
 def measure_overlap(model, sample: list[int]) -> float:
     """The share of a plain step's time saved by queuing the next one before reading it back
     (what mlx_lm.generate_step does), from the medians over rounds; 0 when it saves nothing."""
-    cache = make_prompt_cache(model)
-    model(mx.array([(sample * CONTEXT)[:CONTEXT]], mx.uint32), cache=cache)
-    mx.eval([c.state for c in cache])
+    cache = _primed_cache(model, sample * CONTEXT)
 
     def steps(queue_ahead: bool) -> float:
         y = mx.array([sample[0]], mx.uint32)

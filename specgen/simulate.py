@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -33,8 +33,8 @@ class Tally:
     drafter_s: float = 0.0
 
     def add(self, other: "Tally") -> None:
-        for f in ("traces", "output_tokens", "steps", "drafted", "accepted", "cost", "drafter_s"):
-            setattr(self, f, getattr(self, f) + getattr(other, f))
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def to_dict(self) -> dict:
         n = self.output_tokens
