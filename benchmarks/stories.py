@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from specgen import registry
-from specgen.calibrate import model_cost
+from specgen.calibrate import describe, model_cost, pipeline_after
 from specgen.decode import Step, generate
 from specgen.drafter import make_drafter
 
@@ -35,10 +35,11 @@ def mlx_lm_run(model, ids, n):
     return count / (time.perf_counter() - t), None
 
 
-def specgen_run(model, ids, n, draft, cost):
+def specgen_run(model, ids, n, draft, cost, ahead):
     drafter, cap, _ = make_drafter(draft, cost=cost)
     t = time.perf_counter()
-    steps = [e for e in generate(model, ids, predictor=drafter, draft=cap, max_tokens=n)
+    steps = [e for e in generate(model, ids, predictor=drafter, draft=cap, max_tokens=n,
+                                 pipeline_after=ahead)
              if isinstance(e, Step)]
     tps = sum(len(s.tokens) for s in steps) / (time.perf_counter() - t)
     return tps, steps
@@ -53,11 +54,13 @@ def main():
     model, tok = loaded.model, loaded.tokenizer
     blas = os.environ.get("LD_PRELOAD") or "the mlx wheel's bundled BLAS"
     print(f"# stories260K, {args.tokens} tokens, {args.repeats} repeats, BLAS: {blas}")
+    cost, curve, overlap, _ = model_cost(loaded)
+    ahead = pipeline_after(overlap)  # as `specgen run` decides it on this machine
+    print(f"# {describe(curve, overlap)}")
     print(f"{'prompt':48} {'mlx-lm':>8} {'draft 0':>8} {'ratio':>6} {'spec':>8} {'speedup':>7} {'accept':>6} {'tok/step':>8}")
-    cost = model_cost(loaded)[0]  # plain steps are never queued ahead here: it saves nothing on this VM
     configs = {"mlx": lambda ids: mlx_lm_run(model, ids, args.tokens),
-               "d0": lambda ids: specgen_run(model, ids, args.tokens, 0, cost),
-               "spec": lambda ids: specgen_run(model, ids, args.tokens, None, cost)}
+               "d0": lambda ids: specgen_run(model, ids, args.tokens, 0, cost, ahead),
+               "spec": lambda ids: specgen_run(model, ids, args.tokens, None, cost, ahead)}
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
         for f in configs.values():
