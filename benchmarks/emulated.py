@@ -16,7 +16,6 @@ user's `--memory` would.
 
 import argparse
 import json
-import os
 import statistics
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import mlx.core as mx
 from mlx_lm.models import llama
 
 from specgen.bench import mlx_lm_tokens, specgen_tokens
-from specgen.calibrate import cost_function, describe, measure, relative
+from specgen.calibrate import blas, cost_function, describe, measure, relative
 from specgen.drafter import make_drafter
 from specgen.memory import NGramMemory
 from specgen.simulate import load_tokenizer
@@ -77,8 +76,7 @@ def main():
     seconds = measure(model, list(range(100, 356)))
     curve = relative(seconds)
     cost = cost_function(curve)
-    blas = os.environ.get("LD_PRELOAD") or "the mlx wheel's bundled BLAS"
-    print(f"# {params / 1e6:.1f}M-parameter llama (float32), BLAS: {blas}")
+    print(f"# {params / 1e6:.1f}M-parameter llama (float32), BLAS: {blas()}")
     print(f"# one position {seconds[1] * 1e3:.1f} ms; {describe(curve)}; cost(4 drafts) = {cost(4):.2f}")
     print(f"{'set':28} {'mlx-lm':>8} {'specgen':>8} {'speedup':>8} {'min':>6} {'max':>6} "
           f"{'draft0':>7} {'tok/step':>8} {'identical':>9}")

@@ -9,7 +9,6 @@ end to end, as a user waits). Stop tokens are ignored so every run generates exa
 """
 
 import argparse
-import os
 import statistics
 import time
 
@@ -17,7 +16,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from specgen import registry
-from specgen.calibrate import describe, model_cost, pipeline_after
+from specgen.calibrate import blas, describe, model_cost, pipeline_after
 from specgen.decode import Step, generate
 from specgen.drafter import make_drafter
 
@@ -52,8 +51,7 @@ def main():
     args = ap.parse_args()
     loaded = registry.load(registry.resolve("demo", registry.load_registry()))
     model, tok = loaded.model, loaded.tokenizer
-    blas = os.environ.get("LD_PRELOAD") or "the mlx wheel's bundled BLAS"
-    print(f"# stories260K, {args.tokens} tokens, {args.repeats} repeats, BLAS: {blas}")
+    print(f"# stories260K, {args.tokens} tokens, {args.repeats} repeats, BLAS: {blas()}")
     cost, curve, overlap, _ = model_cost(loaded)
     ahead = pipeline_after(overlap)  # as `specgen run` decides it on this machine
     print(f"# {describe(curve, overlap)}")

@@ -32,9 +32,17 @@ OVERLAP_STEPS = 8  # plain steps timed each way per round
 OVERLAP_ROUNDS = (3, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 3
 
 
+def blas() -> str:
+    """The BLAS that MLX's CPU matmuls run on: a preloaded library (as the README's Linux benchmarks
+    use), else the one the mlx wheel brings."""
+    return os.environ.get("LD_PRELOAD", "").strip() or "bundled BLAS"
+
+
 def machine_id() -> str:
-    """What the curve depends on besides the model: this machine, its MLX device and version."""
-    return f"{platform.node()}|{platform.machine()}|{mx.default_device()}|mlx {mx.__version__}"
+    """What the curve depends on besides the model: this machine, its MLX device and version, and
+    (on the CPU) the BLAS, which changes the curve's shape."""
+    return (f"{platform.node()}|{platform.machine()}|{mx.default_device()}|mlx {mx.__version__}"
+            f"|{blas()}")
 
 
 def _primed_cache(model, tokens: list[int]):
@@ -117,7 +125,8 @@ def cost_function(curve: dict[int, float]) -> Callable[[int], float]:
 
 def measure_overlap(model, sample: list[int]) -> float:
     """The share of a plain step's time saved by queuing the next one before reading it back
-    (what mlx_lm.generate_step does), from the medians over rounds; 0 when it saves nothing."""
+    (what mlx_lm.generate_step does): the median over rounds of the two ways' same-round ratio, as
+    in `measure`, so a burst of load that slows a whole round cancels out; 0 when it saves nothing."""
     cache = _primed_cache(model, sample * CONTEXT)
 
     def steps(queue_ahead: bool) -> float:
@@ -138,11 +147,15 @@ def measure_overlap(model, sample: list[int]) -> float:
 
     per_round = steps(True) + steps(False)  # warm-up, and how long a round takes
     rounds = max(OVERLAP_ROUNDS[0], min(OVERLAP_ROUNDS[1], int(BUDGET_S / 3 / max(per_round, 1e-6))))
-    synced, ahead = [], []
-    for _ in range(rounds):
-        synced.append(steps(False))
-        ahead.append(steps(True))
-    return max(0.0, 1.0 - statistics.median(ahead) / statistics.median(synced))
+    ratios = []
+    for r in range(rounds):
+        if r % 2:
+            ahead = steps(True)
+            ratios.append(ahead / steps(False))
+        else:
+            synced = steps(False)
+            ratios.append(steps(True) / synced)
+    return max(0.0, 1.0 - statistics.median(ratios))
 
 
 def pipeline_after(overlap: float) -> int | None:

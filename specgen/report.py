@@ -33,10 +33,9 @@ def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool) -> No
 
 def bench_table(results, *, model: str, draft_mode: str) -> None:
     """One row per prompt set: both speeds, the speedup spread, and whether outputs matched."""
-    import os
+    from .calibrate import blas
 
-    blas = os.environ.get("LD_PRELOAD", "") or "bundled BLAS"
-    table = Table(title=f"{model}: specgen (draft {draft_mode}) vs mlx-lm greedy; {blas}",
+    table = Table(title=f"{model}: specgen (draft {draft_mode}) vs mlx-lm greedy; {blas()}",
                   title_justify="left")
     for col in ("set", "mlx-lm tok/s", "specgen tok/s", "speedup (min-max)", "tok/step", "accept",
                 "identical"):

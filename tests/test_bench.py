@@ -37,6 +37,10 @@ def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path
     again, again_overlap, fresh = load_or_measure(stories.model, "m", sample)
     assert not fresh and again == curve and again_overlap == overlap
     assert load_or_measure(stories.model, "m", sample, recalibrate=True)[2]
+    # Another BLAS changes the curve's shape: its curve is measured, not borrowed.
+    monkeypatch.setenv("LD_PRELOAD", "/elsewhere/libopenblas.so.0")
+    assert load_or_measure(stories.model, "m", sample)[2]
+    assert not load_or_measure(stories.model, "m", sample)[2]
     (tmp_path / "calibration.json").write_text("{broken")
     assert load_or_measure(stories.model, "m", sample)[2]  # a damaged cache is measured over
 
