@@ -24,10 +24,12 @@ SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that are timed
 CONTEXT = 128  # tokens in the cache while timing (a short prompt's worth)
 BUDGET_S = 1.5  # about how long a calibration may take
 MAX_ROUNDS = 100  # rounds of all sizes at most (tiny models fit many in the budget)
-PIPELINE_AFTER = 2  # silent drafter steps after which plain steps are queued ahead, where it pays
-# Queuing plain steps ahead after 2 silent ones costs chat about 1.4% of its tokens per unit of
-# cost (simulate, shared traces) and covers about 35% of its steps: it pays when it saves > 4%.
-OVERLAP_MIN = 0.04
+# Queuing plain steps ahead: after how many silent drafter steps, by what it saves (the overlap).
+# A queued step drafts nothing. `simulate --pipeline-after N --overlap X` on the shared traces
+# (README): after 2 silent steps costs chat 1.5% of its predicted speedup with no overlap and
+# breaks even near 4%; after 1 gains chat a further 1% at a 10% overlap (code edits lose 1-2%)
+# and 3% at 20% (code loses under 1%), so it is used from 15%.
+PIPELINE_AFTER = ((0.15, 1), (0.04, 2))  # (overlap above which, silent steps), first match wins
 OVERLAP_STEPS = 8  # plain steps timed each way per round
 OVERLAP_ROUNDS = (3, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 3
 
@@ -159,8 +161,9 @@ def measure_overlap(model, sample: list[int]) -> float:
 
 
 def pipeline_after(overlap: float) -> int | None:
-    """`decode.generate`'s pipeline_after for a measured overlap: queue ahead only where it pays."""
-    return PIPELINE_AFTER if overlap > OVERLAP_MIN else None
+    """`decode.generate`'s pipeline_after for a measured overlap: queue ahead only where it pays,
+    and sooner where it saves more (see PIPELINE_AFTER)."""
+    return next((n for above, n in PIPELINE_AFTER if overlap > above), None)
 
 
 def calibration_file() -> Path:
@@ -206,9 +209,10 @@ def describe(curve: dict[int, float], overlap: float | None = None) -> str:
     """e.g. "cost x1.00/1.21/1.45/2.03 at 1/2/4/8 positions", and how plain steps run."""
     ks = [k for k in sorted(curve) if k <= 16]
     text = "cost x" + "/".join(f"{curve[k]:.2f}" for k in ks) + " at " + "/".join(map(str, ks)) + " positions"
-    if overlap is not None and pipeline_after(overlap) is not None:
-        text += (f"; plain steps queued ahead after {PIPELINE_AFTER} silent ones "
-                 f"(saves {overlap:.0%})")
+    ahead = None if overlap is None else pipeline_after(overlap)
+    if ahead is not None:
+        text += (f"; plain steps queued ahead after {ahead} silent "
+                 f"{'one' if ahead == 1 else 'ones'} (saves {overlap:.0%})")
     return text
 
 

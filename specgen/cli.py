@@ -199,6 +199,8 @@ def simulate(
     memory: bool = typer.Option(False, "--memory", help="Replay the traces in order into one memory that starts empty."),
     pipeline_after: Optional[int] = typer.Option(None, "--pipeline-after", show_default=False,
                                                  help="Replay as run does where queuing plain steps ahead pays: after N silent drafter steps, a step drafts nothing."),
+    overlap: float = typer.Option(0.0, "--overlap",
+                                  help="Share of a plain step that queuing it ahead saves (run's calibration measures it): queued steps, and mlx-lm's plain decoding, cost that much less."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per file."),
 ):
     """Replay real model outputs through the drafter: steps, acceptance and predicted speedup."""
@@ -220,15 +222,18 @@ def simulate(
 
     if pipeline_after is not None and pipeline_after < 1:
         raise SpecgenError(f"--pipeline-after must be at least 1 (got {pipeline_after})")
+    if not 0 <= overlap < 1:
+        raise SpecgenError(f"--overlap must be at least 0 and below 1 (got {overlap})")
     reports = [simulate_file(path, read_traces(path, encode), fresh, draft=cap, beta=beta, memory=mem,
-                             pipeline_after=pipeline_after)
+                             pipeline_after=pipeline_after, overlap=overlap)
                for path in traces]
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
         return
     from .report import simulate_table
 
-    simulate_table(reports, draft_mode=mode, beta=beta, memory=memory)
+    simulate_table(reports, draft_mode=mode, beta=beta, memory=memory, pipeline_after=pipeline_after,
+                   overlap=overlap)
 
 
 @app.command()

@@ -8,10 +8,15 @@ from rich.console import Console
 from rich.table import Table
 
 
-def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool) -> None:
+def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool,
+                   pipeline_after: int | None = None, overlap: float = 0.0) -> None:
     """One row per file and per category within it."""
-    table = Table(title=f"drafter {draft_mode}, verify cost 1 + {beta} x drafted"
-                        + (", memory on" if memory else ""), title_justify="left")
+    title = f"drafter {draft_mode}, verify cost 1 + {beta} x drafted" + (", memory on" if memory else "")
+    if pipeline_after is not None:
+        title += f", plain steps queued ahead after {pipeline_after} silent ones"
+    if overlap:
+        title += f", queuing ahead saves {overlap:.0%} (mlx-lm queues every step)"
+    table = Table(title=title, title_justify="left")
     for col in ("file / category", "output tok", "steps", "tok/step", "drafted/step", "accept",
                 "speedup", "us/tok (median)"):
         table.add_column(col, justify="left" if col.startswith("file") else "right")

@@ -22,7 +22,8 @@ from .stats import ratio
 
 @dataclass
 class Tally:
-    """Replay counts for a trace, a category or a file; `cost` is in single-token forward passes."""
+    """Replay counts for a trace, a category or a file. `cost` is in single-token forward passes;
+    `plain_cost` is what plain decoding as mlx-lm runs it (every step queued ahead) would cost."""
 
     traces: int = 0
     output_tokens: int = 0
@@ -30,6 +31,7 @@ class Tally:
     drafted: int = 0
     accepted: int = 0
     cost: float = 0.0
+    plain_cost: float = 0.0
     drafter_s: float = 0.0
 
     def add(self, other: "Tally") -> None:
@@ -45,7 +47,7 @@ class Tally:
             "tokens_per_step": round(ratio(n, self.steps), 4),
             "drafted_per_step": round(ratio(self.drafted, self.steps), 4),
             "acceptance_rate": round(ratio(self.accepted, self.drafted), 4),
-            "predicted_speedup": round(ratio(n, self.cost), 4),
+            "predicted_speedup": round(ratio(self.plain_cost, self.cost), 4),
             "us_per_token": round(ratio(self.drafter_s * 1e6, n), 3),
         }
 
@@ -69,14 +71,15 @@ class FileReport:
 
 def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: float,
            max_tokens: int | None = None, context_length: int | None = None,
-           pipeline_after: int | None = None) -> Tally:
+           pipeline_after: int | None = None, overlap: float = 0.0) -> Tally:
     """Count the steps greedy speculation with `drafter` needs to emit `output` after `prompt`.
 
     `max_tokens` (default: the output's length) and `context_length` limit drafts as in `run`;
     tokens past the end of `output` never match, like the tokens after a stop token.
-    `pipeline_after` as in `decode.generate`: a step queued ahead drafts nothing.
+    `pipeline_after` as in `decode.generate`: a step queued ahead drafts nothing, and costs
+    1 - `overlap` (the share of a plain step that queuing it ahead saves; see calibrate).
     """
-    t = Tally(traces=1, output_tokens=len(output))
+    t = Tally(traces=1, output_tokens=len(output), plain_cost=len(output) * (1 - overlap))
     clock = time.perf_counter
     t0 = clock()
     drafter.update_batch(prompt)
@@ -84,15 +87,13 @@ def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: f
     end = len(prompt) + (len(output) if max_tokens is None else max_tokens)
     i = 0
     silent = 0  # steps in a row for which the drafter had nothing
-    queued = False  # this step was queued ahead (see decode.generate): it drafts nothing
+    ahead = False  # this step was queued ahead (see decode.generate): it drafts nothing
     while i < len(output):
         t0 = clock()
         drafts = drafter.predict(draft_room(draft, len(prompt) + i, end, context_length))
         spent += clock() - t0
         silent = 0 if drafts else silent + 1
-        plain = queued or not drafts
-        queued = plain and pipeline_after is not None and silent >= pipeline_after
-        if plain:
+        if ahead:
             drafts = []
         n = 0
         while n < len(drafts) and i + n < len(output) and drafts[n] == output[i + n]:
@@ -104,7 +105,8 @@ def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: f
         t.steps += 1
         t.drafted += len(drafts)
         t.accepted += n
-        t.cost += 1 + beta * len(drafts)
+        t.cost += 1 - overlap if ahead else 1 + beta * len(drafts)
+        ahead = not drafts and pipeline_after is not None and silent >= pipeline_after
         i += len(emitted)
     t.drafter_s = spent
     return t
@@ -183,7 +185,7 @@ def read_traces(path: str, encode: Callable[[str], list[int]] | None) -> list[Tr
 
 def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[], object], *,
                   draft: int, beta: float = defaults.BETA, memory=None,
-                  pipeline_after: int | None = None) -> FileReport:
+                  pipeline_after: int | None = None, overlap: float = 0.0) -> FileReport:
     """Replay every trace of a file with a fresh drafter each (see make_drafter) and tally them.
 
     With a `memory`, each trace's output is added to it after its replay, in file order.
@@ -192,7 +194,7 @@ def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[],
     start = time.perf_counter()
     for tr in traces:
         t = replay(tr.prompt, tr.output, make_drafter(), draft=draft, beta=beta,
-                   pipeline_after=pipeline_after)
+                   pipeline_after=pipeline_after, overlap=overlap)
         if memory is not None:
             memory.add(tr.output)
         report.total.add(t)

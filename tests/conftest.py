@@ -8,10 +8,9 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import KVCache
 
 from specgen import registry
-from specgen.decode import Prefilled, Step, generate
+from specgen.decode import Prefilled, generate
 
 DATA = Path(__file__).parent / "data"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

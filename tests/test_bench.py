@@ -5,7 +5,7 @@ from typer.testing import CliRunner
 
 from conftest import ScriptedModel
 from specgen.bench import read_prompt_file, run_set
-from specgen.calibrate import cost_function, load_or_measure, relative
+from specgen.calibrate import cost_function, describe, load_or_measure, pipeline_after, relative
 from specgen.drafter import make_drafter
 from specgen.errors import InputError
 from specgen.cli import app
@@ -27,6 +27,14 @@ def test_cost_function_interpolates_and_extrapolates():
     assert cost(0) == 1.0 and cost(1) == 1.2 and cost(3) == 1.6
     assert cost(2) == pytest.approx(1.4)  # 3 positions: halfway between 2 and 4
     assert cost(11) == pytest.approx(3.2)  # 12 positions: the 4 -> 8 slope continued
+
+
+def test_plain_steps_are_queued_ahead_sooner_the_more_it_saves():
+    assert [pipeline_after(x) for x in (0.0, 0.04, 0.05, 0.15, 0.3)] == [None, None, 2, 2, 1]
+    curve = {1: 1.0, 2: 1.1}
+    assert describe(curve, 0.3).endswith("queued ahead after 1 silent one (saves 30%)")
+    assert describe(curve, 0.1).endswith("after 2 silent ones (saves 10%)")
+    assert "queued" not in describe(curve, 0.01)
 
 
 def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path, monkeypatch):

@@ -7,7 +7,6 @@ from typer.testing import CliRunner
 
 from conftest import SHARED, run
 from specgen.cli import app
-from specgen.decode import Step
 from specgen.drafter import AdaptiveDrafter, make_drafter
 from specgen.memory import NGramMemory
 from specgen.predictor import NGramPredictor
@@ -24,6 +23,17 @@ def test_replay_counts_steps_exactly_with_the_fixed_drafter():
     # The model deviates (4 -> 5): the same steps as the scripted-model decode test.
     t = replay(CYCLE_PROMPT, [5, 1, 2, 3, 4, 5, 1], NGramPredictor(), draft=4, beta=0.1)
     assert (t.steps, t.drafted, t.accepted) == (3, 8, 4)
+
+
+def test_queued_steps_and_plain_decoding_cost_less_by_the_overlap():
+    # 5 is new: its step drafts [1 2 3 4] and misses; nothing follows 5 yet, so the step that
+    # emits 1 drafts nothing and the next (emitting 2) is queued ahead; then [3 4 5] is accepted.
+    t = replay(CYCLE_PROMPT, [5, 1, 2, 3, 4, 5, 1], NGramPredictor(), draft=4, beta=0.1,
+               pipeline_after=1, overlap=0.25)
+    assert (t.steps, t.drafted, t.accepted) == (4, 7, 3)
+    assert t.cost == pytest.approx(1.4 + 1 + 0.75 + 1.3)
+    assert t.plain_cost == pytest.approx(7 * 0.75)  # mlx-lm queues every step
+    assert t.to_dict()["predicted_speedup"] == round(5.25 / 4.45, 4)
 
 
 def test_tokens_past_the_end_of_the_output_never_match():
@@ -97,6 +107,8 @@ def test_simulate_json_per_file_and_category(tmp_path):
     assert d["categories"]["loop"]["steps"] == 4 and d["categories"]["edit"]["steps"] == 4
     r = runner.invoke(app, ["simulate", f, "--pipeline-after", "0"])
     assert r.exit_code == 1 and "--pipeline-after must be at least 1" in r.stderr
+    r = runner.invoke(app, ["simulate", f, "--overlap", "1"])
+    assert r.exit_code == 1 and "--overlap must be at least 0 and below 1" in r.stderr
 
 
 def test_simulate_text_traces_with_a_real_tokenizer(tmp_path):
