@@ -150,13 +150,12 @@ def measure_overlap(model, sample: list[int]) -> float:
     per_round = steps(True) + steps(False)  # warm-up, and how long a round takes
     rounds = max(OVERLAP_ROUNDS[0], min(OVERLAP_ROUNDS[1], int(BUDGET_S / 3 / max(per_round, 1e-6))))
     ratios = []
-    for r in range(rounds):
+    for r in range(rounds):  # alternating which way goes first
         if r % 2:
-            ahead = steps(True)
-            ratios.append(ahead / steps(False))
+            ahead, synced = steps(True), steps(False)
         else:
-            synced = steps(False)
-            ratios.append(steps(True) / synced)
+            synced, ahead = steps(False), steps(True)
+        ratios.append(ahead / synced)
     return max(0.0, 1.0 - statistics.median(ratios))
 
 
