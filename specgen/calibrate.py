@@ -165,6 +165,17 @@ def pipeline_after(overlap: float) -> int | None:
     return next((n for above, n in PIPELINE_AFTER if overlap > above), None)
 
 
+def drafting_cost(cost: Callable[[int], float], overlap: float,
+                  ahead: int | None) -> Callable[[int], float]:
+    """The cost the drafter weighs drafts with. Where a silent step gets the next one queued ahead
+    (`ahead`, decode's pipeline_after, is 1), drafting nothing also saves `overlap` of the next
+    step, so it costs that much less: in `simulate`, chat gains 0.4-2.6% at a 15-20% overlap and
+    7-8% at 30%, code edits lose under 1%."""
+    if ahead != 1 or not overlap:
+        return cost
+    return lambda k: cost(k) - overlap if k == 0 else cost(k)
+
+
 def calibration_file() -> Path:
     return cache_dir() / "calibration.json"
 
@@ -216,8 +227,8 @@ def describe(curve: dict[int, float], overlap: float | None = None) -> str:
 
 
 def model_cost(loaded, *, recalibrate: bool = False):
-    """(cost function, curve, overlap, measured_now) for a registry.LoadedModel, from the cache or
-    measured; (None, None, 0.0, False) when its cache cannot be rolled back (then nothing is
+    """(cost function for the drafter (see drafting_cost), curve, overlap, measured_now) for a
+    registry.LoadedModel, from the cache or measured; (None, None, 0.0, False) when its cache cannot be rolled back (then nothing is
     speculated)."""
     from .decode import rollback_limit
 
@@ -225,4 +236,4 @@ def model_cost(loaded, *, recalibrate: bool = False):
         return None, None, 0.0, False
     sample = list(loaded.tokenizer.encode(SAMPLE)) or [0]
     curve, overlap, fresh = load_or_measure(loaded.model, loaded.key, sample, recalibrate=recalibrate)
-    return cost_function(curve), curve, overlap, fresh
+    return drafting_cost(cost_function(curve), overlap, pipeline_after(overlap)), curve, overlap, fresh

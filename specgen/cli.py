@@ -204,6 +204,7 @@ def simulate(
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per file."),
 ):
     """Replay real model outputs through the drafter: steps, acceptance and predicted speedup."""
+    from .calibrate import drafting_cost
     from .decode import check_settings
     from .drafter import linear_cost, make_drafter
     from .memory import NGramMemory
@@ -212,18 +213,18 @@ def simulate(
     check_settings(max_tokens=1, draft=draft)
     if beta < 0:
         raise SpecgenError(f"--beta must be 0 or more (got {beta})")
-    _, cap, mode = make_drafter(draft, max_order=ngram_order, window=window)  # fails early if bad
-    encode = load_tokenizer(tokenizer) if tokenizer else None
-    mem = NGramMemory("simulate", max_order=ngram_order) if memory else None
-
-    def fresh():
-        return make_drafter(draft, max_order=ngram_order, window=window, cost=linear_cost(beta),
-                            memory=mem)[0]
-
     if pipeline_after is not None and pipeline_after < 1:
         raise SpecgenError(f"--pipeline-after must be at least 1 (got {pipeline_after})")
     if not 0 <= overlap < 1:
         raise SpecgenError(f"--overlap must be at least 0 and below 1 (got {overlap})")
+    _, cap, mode = make_drafter(draft, max_order=ngram_order, window=window)  # fails early if bad
+    encode = load_tokenizer(tokenizer) if tokenizer else None
+    mem = NGramMemory("simulate", max_order=ngram_order) if memory else None
+    cost = drafting_cost(linear_cost(beta), overlap, pipeline_after)  # as run's, for this policy
+
+    def fresh():
+        return make_drafter(draft, max_order=ngram_order, window=window, cost=cost, memory=mem)[0]
+
     reports = [simulate_file(path, read_traces(path, encode), fresh, draft=cap, beta=beta, memory=mem,
                              pipeline_after=pipeline_after, overlap=overlap)
                for path in traces]

@@ -5,8 +5,9 @@ from typer.testing import CliRunner
 
 from conftest import ScriptedModel
 from specgen.bench import read_prompt_file, run_set
-from specgen.calibrate import cost_function, describe, load_or_measure, pipeline_after, relative
-from specgen.drafter import make_drafter
+from specgen.calibrate import (cost_function, describe, drafting_cost, load_or_measure,
+                               pipeline_after, relative)
+from specgen.drafter import AdaptiveDrafter, linear_cost, make_drafter
 from specgen.errors import InputError
 from specgen.cli import app
 
@@ -35,6 +36,18 @@ def test_plain_steps_are_queued_ahead_sooner_the_more_it_saves():
     assert describe(curve, 0.3).endswith("queued ahead after 1 silent one (saves 30%)")
     assert describe(curve, 0.1).endswith("after 2 silent ones (saves 10%)")
     assert "queued" not in describe(curve, 0.01)
+
+
+def test_a_weak_draft_is_dropped_where_silence_gets_the_next_step_queued():
+    base = linear_cost(0.08)
+    assert drafting_cost(base, 0.3, 2) is base and drafting_cost(base, 0.0, 1) is base
+    cost = drafting_cost(base, 0.3, 1)
+    assert cost(0) == pytest.approx(0.7) and cost(3) == base(3)
+    history = [5, 6, 7, 5]  # 6 followed 5 once: a weak guess, worth drafting at plain cost
+    drafters = [AdaptiveDrafter(cost=c) for c in (base, cost)]
+    for d in drafters:
+        d.update_batch(history)
+    assert drafters[0].predict(8)[:1] == [6] and drafters[1].predict(8) == []
 
 
 def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path, monkeypatch):
