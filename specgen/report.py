@@ -18,20 +18,21 @@ def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool,
         title += f", queuing ahead saves {overlap:.0%} (mlx-lm queues every step)"
     table = Table(title=title, title_justify="left")
     for col in ("file / category", "output tok", "steps", "tok/step", "drafted/step", "accept",
-                "speedup", "us/tok (median)"):
+                "speedup", "us/tok (median trace)"):
         table.add_column(col, justify="left" if col.startswith("file") else "right")
     for r in reports:
         name = Path(r.file).name
         if len(r.categories) == 1:
             name += f" [{next(iter(r.categories))}]"
-        rows = [(name, r.total.to_dict(), "bold")]
+        rows = [(name, r.to_dict(), "bold")]  # the file's dict adds the per-trace median
         if len(r.categories) > 1:
             rows += [(f"  {c}", t.to_dict(), None) for c, t in sorted(r.categories.items())]
         for name, d, style in rows:
             table.add_row(name, str(d["output_tokens"]), str(d["steps"]), f"{d['tokens_per_step']:.2f}",
                           f"{d['drafted_per_step']:.2f}", f"{d['acceptance_rate']:.1%}",
                           f"{d['predicted_speedup']:.3f}x",
-                          f"{d['us_per_token']:.1f} ({d.get('us_per_token_median', d['us_per_token']):.1f})",
+                          f"{d['us_per_token']:.1f}" + (f" ({d['us_per_token_median']:.1f})"
+                                                        if "us_per_token_median" in d else ""),
                           style=style)
     Console(highlight=False, width=max(Console().width, 110)).print(table)
 
