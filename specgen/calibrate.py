@@ -228,8 +228,8 @@ def describe(curve: dict[int, float], overlap: float | None = None) -> str:
 
 def model_cost(loaded, *, recalibrate: bool = False):
     """(cost function for the drafter (see drafting_cost), curve, overlap, measured_now) for a
-    registry.LoadedModel, from the cache or measured; (None, None, 0.0, False) when its cache cannot be rolled back (then nothing is
-    speculated)."""
+    registry.LoadedModel, from the cache or measured; (None, None, 0.0, False) when its cache
+    cannot be rolled back (then nothing is speculated)."""
     from .decode import rollback_limit
 
     if rollback_limit(make_prompt_cache(loaded.model))[1]:
