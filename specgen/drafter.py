@@ -149,6 +149,9 @@ class AdaptiveDrafter(NGramPredictor):
                  cost: Callable[[int], float] = linear_cost(defaults.BETA), memory=None):
         super().__init__(max_order=max_order, window=window, min_order=min_order)
         self.cost = cost
+        self._keys: tuple[int, list[int]] | None = None  # (history length, keys) from predict
+        self._costs: list[float] = []  # cost(k) and min_slopes, tabulated up to the longest draft
+        self._slopes: list[float] = []
         self.memory = memory
         self.calibration = Calibration()
         self._all: list[int] = []  # every token fed: the source of copies (not windowed)
@@ -159,8 +162,9 @@ class AdaptiveDrafter(NGramPredictor):
 
     def update(self, token: int) -> list[int]:
         """Count `token` in the tables and remember where it followed its COPY_KEY-token context."""
-        keys = super().update(token)
         toks = self._all
+        known = self._keys
+        keys = super().update(token, known[1] if known is not None and known[0] == len(toks) else None)
         if len(toks) >= COPY_KEY:
             key = keys[COPY_KEY] if len(keys) > COPY_KEY else context_keys(toks, COPY_KEY)[COPY_KEY]
             where = self._seen.get(key)
@@ -272,11 +276,16 @@ class AdaptiveDrafter(NGramPredictor):
         buckets: list[tuple] = []
         gain = 0.0  # P_1 + ... + P_k for the drafts so far
         p_all = 1.0
-        cost = self.cost
-        slopes = min_slopes(cost, max(n, defaults.MAX_DRAFT))
-        best_k, best_rate = 0, 1.0 / cost(0)
+        costs, slopes = self._costs, self._slopes
+        if n >= len(costs):
+            longest = max(n, defaults.MAX_DRAFT)
+            self._costs = costs = [self.cost(k) for k in range(longest + 1)]
+            self._slopes = slopes = min_slopes(self.cost, longest)
+        best_k, best_rate = 0, 1.0 / costs[0]
         order = self.max_order - 1
         keys = context_keys(toks, max(order, COPY_KEY))  # of the context the first draft follows
+        if self.window >= order:  # the window holds this context: the next update's keys are these
+            self._keys = (len(toks), keys)
         src = self._copy_source(keys)
         if src is not None:
             seq, pos, match = src
@@ -318,7 +327,7 @@ class AdaptiveDrafter(NGramPredictor):
             drafts.append(tok)
             buckets.append(bucket)
             gain += p_all
-            rate = (1.0 + gain) / cost(len(drafts))
+            rate = (1.0 + gain) / costs[len(drafts)]
             if rate > best_rate:
                 best_k, best_rate = len(drafts), rate
             ctx.append(tok)

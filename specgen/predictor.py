@@ -79,13 +79,15 @@ class NGramPredictor:
         """The tokens currently inside the window, oldest first."""
         return list(self._history)
 
-    def update(self, token: int) -> list[int]:
+    def update(self, token: int, keys: list[int] | None = None) -> list[int]:
         """Count `token` as the continuation of every context ending at the current position.
 
-        Returns the context keys (see `context_keys`) so subclasses need not hash again.
+        `keys`: that context's keys if the caller has them (see `context_keys`); returned either
+        way so subclasses need not hash again.
         """
         hist = self._history
-        keys = context_keys(hist, self.max_order - 1)
+        if keys is None:
+            keys = context_keys(hist, self.max_order - 1)
         n = len(keys)
         for k, table in self._by_order:
             if n < k:
