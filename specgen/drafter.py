@@ -98,6 +98,18 @@ def min_slopes(cost: Callable[[int], float], longest: int = defaults.MAX_DRAFT) 
                 default=float("inf")) for k in range(longest + 1)]
 
 
+def remember(index: dict[int, list[int]], key: int, pos: int) -> None:
+    """Note that position `pos` followed the context hashed to `key`, keeping the newest
+    COPY_CANDIDATES positions per context (the request's copy index and memory's share this)."""
+    where = index.get(key)
+    if where is None:
+        index[key] = [pos]
+    else:
+        where.append(pos)
+        if len(where) > COPY_CANDIDATES:
+            del where[0]
+
+
 def _kind(bucket: tuple) -> str:
     """Which rescaling a bucket shares (realigning is a kind of copy)."""
     return "copy" if bucket[0] == "realign" else bucket[0]
@@ -167,13 +179,7 @@ class AdaptiveDrafter(NGramPredictor):
         keys = super().update(token, known[1] if known is not None and known[0] == len(toks) else None)
         if len(toks) >= COPY_KEY:
             key = keys[COPY_KEY] if len(keys) > COPY_KEY else context_keys(toks, COPY_KEY)[COPY_KEY]
-            where = self._seen.get(key)
-            if where is None:
-                self._seen[key] = [len(toks)]
-            else:
-                where.append(len(toks))
-                if len(where) > COPY_CANDIDATES:
-                    del where[0]
+            remember(self._seen, key, len(toks))
         toks.append(token)
         return keys
 

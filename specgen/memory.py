@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import defaults
-from .drafter import COPY_CANDIDATES, COPY_KEY, Calibration
+from .drafter import COPY_KEY, Calibration, remember
 from .predictor import NGramPredictor, context_keys
 
 
@@ -105,10 +105,7 @@ class NGramMemory:
         start = len(stream)
         stream.extend(tokens)
         for p in range(start + COPY_KEY, len(stream)):
-            where = self.index.setdefault(context_keys(stream[p - COPY_KEY:p], COPY_KEY)[COPY_KEY], [])
-            where.append(p)
-            if len(where) > COPY_CANDIDATES:
-                del where[0]
+            remember(self.index, context_keys(stream[p - COPY_KEY:p], COPY_KEY)[COPY_KEY], p)
 
     def outputs(self) -> int:
         """How many earlier outputs the stream holds."""
