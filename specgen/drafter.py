@@ -10,6 +10,8 @@ Evidence, in order of preference:
 - a copy: the last COPY_KEY tokens occurred before (prompt or output, or with memory, an earlier
   output); the draft continues from the occurrence with the longest backward match, as far as
   the source goes; right after a copy breaks, it realigns near where the copy left off;
+  a token the output keeps putting in place of the source's (a rename, a re-indented block) is
+  substituted while copying;
 - n-gram predictions: the request's own tables (the mission's FNV-hashed 2-4-gram tables over
   the window), or memory's tables of earlier outputs when they are more likely to be right.
 q starts from a coarse prior per kind of evidence; each request rescales the odds of each kind
@@ -31,6 +33,7 @@ AGREE_BELOW = 16  # below this match length, ask the n-gram tables for a second 
 MIN_P = 0.05  # stop extending a draft once the chance that all of it is accepted falls below this
 REALIGN_SPAN = (-2, 12)  # after a copy breaks, look for the last token this close to where it was
 REALIGN_STEPS = 6  # steps after a broken copy during which realigning is tried
+SUBST_SEEN = 2  # times the output must have replaced a source token before copies substitute it
 SHRINK = 2.0  # pseudo-observations that hold a request's rescaling near 1 until evidence builds
 CONT_ODDS = 2.0  # prior odds multiplier for a copy that continues the source the last step followed
 
@@ -39,6 +42,7 @@ CONT_ODDS = 2.0  # prior odds multiplier for a copy that continues the source th
 _COPY_PRIOR = {4: (0.15, 0.6), 8: (0.35, 0.72), 16: (0.6, 0.85), 32: (0.8, 0.92),
                MATCH_CAP + 1: (0.97, 0.97)}
 _REALIGN_PRIOR = 0.35
+_SUBST_PRIOR = 0.4  # a learned substitution applied again (renames hold; one-off fixes do not)
 # n-grams: order -> share of the context's counts (< 0.5, < 0.8, >= 0.8) -> best count 1, 2, 3, 4+.
 _NGRAM_PRIOR = {
     4: ((0.1, 0.2, 0.3, 0.4), (0.2, 0.4, 0.5, 0.6), (0.5, 0.75, 0.85, 0.9)),
@@ -71,6 +75,8 @@ def prior(bucket: tuple) -> float:
     kind = bucket[0]
     if kind == "realign":
         return _REALIGN_PRIOR
+    if kind == "subst":
+        return _SUBST_PRIOR
     if kind in ("copy", "mcopy"):
         q = _COPY_PRIOR[bucket[1]][bucket[2]]
         if kind == "mcopy":
@@ -153,6 +159,50 @@ class Calibration:
         return odds / (1.0 + odds)
 
 
+class Substitutions:
+    """Single-token substitutions the output makes in what it copies (a renamed variable, a
+    re-indented block). One is confirmed when the output, right after the token that broke a copy,
+    goes on with what followed the source's token; once confirmed SUBST_SEEN times, copies read
+    and draft through it, until the output keeps the source's token instead."""
+
+    def __init__(self):
+        self.forward: dict[int, int] = {}  # source token -> the output's token in its place
+        self.back: dict[int, int] = {}  # and back
+        self._confirmed: dict[int, tuple[int, int]] = {}  # source token -> (output's, times)
+        self._break: tuple[int, int, int] | None = None  # (source position, its token, output's)
+
+    def broke(self, pos: int, was: int, now: int, substituted: bool) -> None:
+        """A copy broke at source position `pos`, whose token `was` the draft had (or, if
+        `substituted`, its substitute): the output has `now` there."""
+        if substituted:
+            if now == was:
+                self._forget(was)
+        elif now != was:
+            self._break = (pos, was, now)
+
+    def resumed(self, source: list[int], token: int) -> None:
+        """`token` was emitted next: after a break, it confirms the substitution if the source
+        had it next too."""
+        if self._break is None:
+            return
+        pos, was, now = self._break
+        self._break = None
+        if pos + 1 < len(source) and source[pos + 1] == token:
+            old = self._confirmed.get(was)
+            times = old[1] + 1 if old is not None and old[0] == now else 1
+            self._forget(was)
+            self._confirmed[was] = (now, times)
+            if times >= SUBST_SEEN:
+                self.forward[was] = now
+                self.back[now] = was
+
+    def _forget(self, was: int) -> None:
+        self._confirmed.pop(was, None)
+        now = self.forward.pop(was, None)
+        if now is not None and self.back.get(now) == was:
+            del self.back[now]
+
+
 class AdaptiveDrafter(NGramPredictor):
     """Drafts from long copies, the n-gram tables and (optionally) memory, as far as it pays."""
 
@@ -171,6 +221,7 @@ class AdaptiveDrafter(NGramPredictor):
         self._last: tuple[list[int], list[tuple], int | None] | None = None  # drafts, buckets, source
         self._anchor: int | None = None  # source position aligned with the end, while copying
         self._near: tuple[int, int] | None = None  # (realign position, steps left) after a broken copy
+        self._subst = Substitutions()
 
     def update(self, token: int) -> list[int]:
         """Count `token` in the tables and remember where it followed its COPY_KEY-token context."""
@@ -191,6 +242,8 @@ class AdaptiveDrafter(NGramPredictor):
         if self._near is not None:
             pos, left = self._near
             self._near = (pos + len(tokens), left - 1) if left > 1 else None
+        if tokens:
+            self._subst.resumed(self._all, tokens[0])
         if self._last is not None:
             drafts, buckets, src = self._last
             self._last = None
@@ -208,6 +261,9 @@ class AdaptiveDrafter(NGramPredictor):
                 self._anchor = src + len(tokens)
                 if n < len(drafts):  # the copy broke at draft n; the source continues near here
                     self._near = (self._anchor, REALIGN_STEPS)
+                    if n < len(tokens) and src + n < len(self._all):
+                        self._subst.broke(src + n, self._all[src + n], tokens[n],
+                                          buckets[n][0] == "subst")
         for t in tokens:
             self.update(t)
 
@@ -215,14 +271,19 @@ class AdaptiveDrafter(NGramPredictor):
         """(tokens to copy from, position, backward match; -1 when realigning) or None, given the
         keys of the current context (see `context_keys`).
 
-        The longest match in the request's own text or in memory (memory is searched only when the
-        request's own match is short), else a realignment after a broken copy.
+        The longest match in the request's own text (read through the substitutions the output
+        makes) or in memory (searched only when the request's own match is short), else a
+        realignment after a broken copy.
         """
         toks = self._all
         if len(toks) < COPY_KEY:
             return None
         key = keys[COPY_KEY]
         best = self._longest_match(toks, self._seen.get(key, ()))
+        back = self._subst.back
+        if best is None and back and any(t in back for t in toks[-COPY_KEY:]):
+            ctx = [back.get(t, t) for t in toks[-COPY_KEY:]]  # the context as the source has it
+            best = self._longest_match(toks, self._seen.get(context_keys(ctx, COPY_KEY)[COPY_KEY], ()))
         if self.memory is not None and (best is None or best[1] < AGREE_BELOW):
             mem = self._longest_match(self.memory.stream, self.memory.index.get(key, ()))
             if mem is not None and (best is None or mem[1] > best[1]):
@@ -242,10 +303,18 @@ class AdaptiveDrafter(NGramPredictor):
         toks = self._all
         n = len(toks)
         best = None
+        subst = self._subst.forward if seq is toks else None
         for p in candidates:
             m = 0
-            while m < MATCH_CAP and p - 1 - m >= 0 and seq[p - 1 - m] == toks[n - 1 - m]:
-                m += 1
+            if not subst:
+                while m < MATCH_CAP and p - 1 - m >= 0 and seq[p - 1 - m] == toks[n - 1 - m]:
+                    m += 1
+            else:  # a token the output substitutes matches its substitute
+                while m < MATCH_CAP and p - 1 - m >= 0:
+                    a, b = seq[p - 1 - m], toks[n - 1 - m]
+                    if a != b and subst.get(a) != b:
+                        break
+                    m += 1
             if m >= COPY_KEY and (best is None or m > best[1]):
                 best = (p, m)
         return best
@@ -298,6 +367,7 @@ class AdaptiveDrafter(NGramPredictor):
             own = seq is toks
             kind = "copy" if own else "mcopy"
             cont = own and pos == self._anchor  # the copy the last step was following
+            subst = self._subst.forward
         ctx = toks[-order:]
         while len(drafts) < n and p_all > slopes[len(drafts)] * best_rate:
             if src is not None:
@@ -311,7 +381,10 @@ class AdaptiveDrafter(NGramPredictor):
                 if tok < 0:  # the end of an output in memory's stream
                     break
                 alt = None
-                if match < 0:
+                if subst and own and at < len(seq) and tok in subst:
+                    tok = subst[tok]
+                    bucket = ("subst",)
+                elif match < 0:
                     bucket = ("realign",)
                 elif match + len(drafts) >= AGREE_BELOW:
                     bucket = _copy_bucket(match + len(drafts), True, cont, kind)

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from conftest import SHARED, run
 from specgen.cli import app
-from specgen.drafter import AdaptiveDrafter, make_drafter
+from specgen.drafter import AdaptiveDrafter, Substitutions, make_drafter
 from specgen.memory import NGramMemory
 from specgen.predictor import NGramPredictor
 from specgen.simulate import replay
@@ -61,6 +61,56 @@ def test_adaptive_drafter_copies_long_spans_and_skips_novel_text():
     novel = replay(code, [rng.randrange(3, 30000) for _ in range(400)], AdaptiveDrafter(),
                    draft=64, beta=0.08)
     assert novel.drafted <= 20 and novel.output_tokens / novel.cost > 0.99
+
+
+def _renamed(seed=2):
+    """Random 'code' in which token 7 occurs every 40 tokens, and the output: all of it, with 7
+    renamed to 8."""
+    rng = random.Random(seed)
+    code = [rng.randrange(9, 30000) for _ in range(400)]
+    for i in range(20, 400, 40):
+        code[i] = 7
+    return code, [8 if t == 7 else t for t in code]
+
+
+def test_substitutions_are_confirmed_by_the_source_resuming_and_dropped_when_kept():
+    s = Substitutions()
+    source = [10, 11, 12, 13]
+    s.broke(1, 11, 99, substituted=False)
+    s.resumed(source, 11)  # the output went on with 11 itself: 99 was inserted, not a substitute
+    s.broke(1, 11, 99, substituted=False)
+    s.resumed(source, 12)  # the source went on past 11: 99 replaced it, confirmed once
+    assert s.forward == {}
+    s.broke(1, 11, 99, substituted=False)
+    s.resumed(source, 12)
+    assert s.forward == {11: 99} and s.back == {99: 11}
+    s.broke(3, 11, 11, substituted=True)  # a copy drafted 99 for 11, but the output kept 11
+    assert s.forward == {} and s.back == {}
+
+
+def test_copies_read_through_a_rename(monkeypatch):
+    # Each renamed token breaks the copy until the rename has been confirmed twice; after that,
+    # copies match through it, stop right before it, and the step's own token is the new name.
+    from specgen import drafter as D
+
+    code, renamed = _renamed()
+    d = AdaptiveDrafter()
+    t = replay(code, renamed, d, draft=64, beta=0.08)
+    assert (t.steps, t.drafted, t.accepted) == (18, 465, 382)
+    assert d._subst.forward == {7: 8}
+    monkeypatch.setattr(D, "SUBST_SEEN", 10**9)
+    assert replay(code, renamed, AdaptiveDrafter(), draft=64, beta=0.08).steps == 35
+
+
+def test_copies_draft_the_substitute_once_it_has_been_accepted():
+    code, renamed = _renamed()
+    d = AdaptiveDrafter()
+    d.update_batch(code)
+    d.update_batch(renamed[:100])  # two renames confirmed (as a replay would, one step each)
+    d._subst.forward, d._subst.back = {7: 8}, {8: 7}
+    d.calibration.set_counts("subst", [50, 20, 50])  # substitutes drafted so far were accepted
+    drafts = d.predict(64)
+    assert len(drafts) > 10 and drafts == renamed[100:100 + len(drafts)]  # 8 first, then the copy
 
 
 @pytest.mark.parametrize("draft,ahead", [(None, None), (4, None), (None, 2), (None, 1)])
