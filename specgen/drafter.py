@@ -221,7 +221,7 @@ class AdaptiveDrafter(NGramPredictor):
         self._last: tuple[list[int], list[tuple], int | None] | None = None  # drafts, buckets, source
         self._anchor: int | None = None  # source position aligned with the end, while copying
         self._near: tuple[int, int] | None = None  # (realign position, steps left) after a broken copy
-        self._subst = Substitutions()
+        self.substitutions = Substitutions()
 
     def update(self, token: int) -> list[int]:
         """Count `token` in the tables and remember where it followed its COPY_KEY-token context."""
@@ -243,7 +243,7 @@ class AdaptiveDrafter(NGramPredictor):
             pos, left = self._near
             self._near = (pos + len(tokens), left - 1) if left > 1 else None
         if tokens:
-            self._subst.resumed(self._all, tokens[0])
+            self.substitutions.resumed(self._all, tokens[0])
         if self._last is not None:
             drafts, buckets, src = self._last
             self._last = None
@@ -262,8 +262,8 @@ class AdaptiveDrafter(NGramPredictor):
                 if n < len(drafts):  # the copy broke at draft n; the source continues near here
                     self._near = (self._anchor, REALIGN_STEPS)
                     if n < len(tokens) and src + n < len(self._all):
-                        self._subst.broke(src + n, self._all[src + n], tokens[n],
-                                          buckets[n][0] == "subst")
+                        self.substitutions.broke(src + n, self._all[src + n], tokens[n],
+                                                 buckets[n][0] == "subst")
         for t in tokens:
             self.update(t)
 
@@ -280,7 +280,7 @@ class AdaptiveDrafter(NGramPredictor):
             return None
         key = keys[COPY_KEY]
         best = self._longest_match(toks, self._seen.get(key, ()))
-        back = self._subst.back
+        back = self.substitutions.back
         if best is None and back and any(t in back for t in toks[-COPY_KEY:]):
             ctx = [back.get(t, t) for t in toks[-COPY_KEY:]]  # the context as the source has it
             best = self._longest_match(toks, self._seen.get(context_keys(ctx, COPY_KEY)[COPY_KEY], ()))
@@ -303,7 +303,7 @@ class AdaptiveDrafter(NGramPredictor):
         toks = self._all
         n = len(toks)
         best = None
-        subst = self._subst.forward if seq is toks else None
+        subst = self.substitutions.forward if seq is toks else None
         for p in candidates:
             m = 0
             if not subst:
@@ -367,7 +367,7 @@ class AdaptiveDrafter(NGramPredictor):
             own = seq is toks
             kind = "copy" if own else "mcopy"
             cont = own and pos == self._anchor  # the copy the last step was following
-            subst = self._subst.forward
+            subst = self.substitutions.forward
         ctx = toks[-order:]
         while len(drafts) < n and p_all > slopes[len(drafts)] * best_rate:
             if src is not None:

@@ -97,7 +97,7 @@ def test_copies_read_through_a_rename(monkeypatch):
     d = AdaptiveDrafter()
     t = replay(code, renamed, d, draft=64, beta=0.08)
     assert (t.steps, t.drafted, t.accepted) == (18, 465, 382)
-    assert d._subst.forward == {7: 8}
+    assert d.substitutions.forward == {7: 8}
     monkeypatch.setattr(D, "SUBST_SEEN", 10**9)
     assert replay(code, renamed, AdaptiveDrafter(), draft=64, beta=0.08).steps == 35
 
@@ -106,8 +106,8 @@ def test_copies_draft_the_substitute_once_it_has_been_accepted():
     code, renamed = _renamed()
     d = AdaptiveDrafter()
     d.update_batch(code)
-    d.update_batch(renamed[:100])  # two renames confirmed (as a replay would, one step each)
-    d._subst.forward, d._subst.back = {7: 8}, {8: 7}
+    d.update_batch(renamed[:100])  # the output so far, with the rename confirmed twice:
+    d.substitutions.forward, d.substitutions.back = {7: 8}, {8: 7}
     d.calibration.set_counts("subst", [50, 20, 50])  # substitutes drafted so far were accepted
     drafts = d.predict(64)
     assert len(drafts) > 10 and drafts == renamed[100:100 + len(drafts)]  # 8 first, then the copy
