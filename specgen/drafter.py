@@ -65,11 +65,6 @@ def _copy_bucket(match: int, agree: bool, cont: bool, kind: str = "copy") -> tup
     return (kind, MATCH_CAP + 1, True, cont)
 
 
-def _ngram_bucket(kind: str, order: int, entry: list) -> tuple:
-    purity = entry[1] / entry[3]
-    return (kind, min(order, 4), 2 if purity >= 0.8 else 1 if purity >= 0.5 else 0, min(entry[1], 4))
-
-
 def prior(bucket: tuple) -> float:
     """The prior acceptance chance for a kind of evidence (see the module docstring)."""
     kind = bucket[0]
@@ -222,6 +217,9 @@ class AdaptiveDrafter(NGramPredictor):
         self._anchor: int | None = None  # source position aligned with the end, while copying
         self._near: tuple[int, int] | None = None  # (realign position, steps left) after a broken copy
         self.substitutions = Substitutions()
+        self._ngram_sources = [("ngram", self.by_order, self.calibration)]  # see _ngram
+        if memory is not None:
+            self._ngram_sources.append(("memory", memory.tables.by_order, memory.calibration))
 
     def update(self, token: int) -> list[int]:
         """Count `token` in the tables and remember where it followed its COPY_KEY-token context."""
@@ -322,19 +320,22 @@ class AdaptiveDrafter(NGramPredictor):
     def _ngram(self, keys: list[int]) -> tuple[int, tuple, float] | None:
         """(token, bucket, q) from the request's tables, or from memory's when it is the more
         likely to be right; `keys` are the context's (see `context_keys`)."""
-        found = self.lookup_keys(keys)
-        if found is not None:
-            bucket = _ngram_bucket("ngram", *found)
-            best = (found[1][0], bucket, self.calibration.q(bucket))
-        else:
-            best = None
-        if self.memory is not None:
-            mem = self.memory.tables.lookup_keys(keys)
-            if mem is not None:
-                bucket = _ngram_bucket("memory", *mem)
-                q = self.memory.calibration.q(bucket)
-                if best is None or q > best[2]:
-                    best = (mem[1][0], bucket, q)
+        best = None
+        n = len(keys)
+        # lookup_keys and the bucket, inlined: this runs for every position drafted from n-grams.
+        for kind, by_order, calibration in self._ngram_sources:
+            for k, table in by_order:
+                if n >= k:
+                    entry = table.get(keys[k - 1])
+                    if entry is not None:  # bucket: order, share of the context's counts, count
+                        c = entry[1]
+                        share = c / entry[3]
+                        bucket = (kind, k if k < 4 else 4,
+                                  2 if share >= 0.8 else 1 if share >= 0.5 else 0, c if c < 4 else 4)
+                        q = calibration.q(bucket)
+                        if best is None or q > best[2]:
+                            best = (entry[0], bucket, q)
+                        break
         return best
 
     def _q(self, bucket: tuple) -> float:

@@ -75,6 +75,11 @@ class NGramPredictor:
         return self._tables
 
     @property
+    def by_order(self) -> list[tuple[int, dict[int, list]]]:
+        """(order, table) pairs, longest context first: the order lookups try them in."""
+        return self._by_order
+
+    @property
     def history(self) -> list[int]:
         """The tokens currently inside the window, oldest first."""
         return list(self._history)
