@@ -370,9 +370,10 @@ class AdaptiveDrafter(NGramPredictor):
             cont = own and pos == self._anchor  # the copy the last step was following
             subst = self.substitutions.forward
         ctx = toks[-order:]
-        while len(drafts) < n and p_all > slopes[len(drafts)] * best_rate:
+        i = 0  # drafts so far
+        while i < n and p_all > slopes[i] * best_rate:
             if src is not None:
-                at = pos + len(drafts)
+                at = pos + i
                 if at < len(seq):
                     tok = seq[at]
                 elif own:  # the copy reached the end: it repeats what it just drafted
@@ -387,11 +388,11 @@ class AdaptiveDrafter(NGramPredictor):
                     bucket = ("subst",)
                 elif match < 0:
                     bucket = ("realign",)
-                elif match + len(drafts) >= AGREE_BELOW:
-                    bucket = _copy_bucket(match + len(drafts), True, cont, kind)
+                elif match + i >= AGREE_BELOW:
+                    bucket = _copy_bucket(match + i, True, cont, kind)
                 else:
                     alt = self._ngram(keys or context_keys(ctx, order))
-                    bucket = _copy_bucket(match + len(drafts), alt is None or alt[0] == tok, cont, kind)
+                    bucket = _copy_bucket(match + i, alt is None or alt[0] == tok, cont, kind)
                 q = self._q(bucket)
                 if alt is not None and not bucket[2] and alt[2] > q:
                     src = None  # the tables know better: stop copying
@@ -407,9 +408,10 @@ class AdaptiveDrafter(NGramPredictor):
             drafts.append(tok)
             buckets.append(bucket)
             gain += p_all
-            rate = (1.0 + gain) / costs[len(drafts)]
+            i += 1
+            rate = (1.0 + gain) / costs[i]
             if rate > best_rate:
-                best_k, best_rate = len(drafts), rate
+                best_k, best_rate = i, rate
             ctx.append(tok)
             keys = None  # hashed again only if the n-gram tables are asked
         k = best_k
