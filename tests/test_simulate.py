@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from conftest import SHARED, run
 from specgen.cli import app
-from specgen.drafter import AdaptiveDrafter, Substitutions, make_drafter
+from specgen.drafter import AdaptiveDrafter, Calibration, Substitutions, make_drafter, prior
 from specgen.memory import NGramMemory
 from specgen.predictor import NGramPredictor
 from specgen.simulate import replay
@@ -63,6 +63,17 @@ def test_adaptive_drafter_copies_long_spans_and_skips_novel_text():
     assert novel.drafted <= 20 and novel.output_tokens / novel.cost > 0.99
 
 
+def test_a_few_misses_move_copies_far_more_than_ngrams():
+    # A request's own evidence quickly overrides the copy priors, but barely the n-gram ones.
+    cal = Calibration()
+    ngram, copy = ("ngram", 4, 2, 4), ("copy", 32, True, False)
+    for _ in range(10):
+        cal.record(ngram, False)
+        cal.record(copy, False)
+    assert cal.q(ngram) > 0.8 * prior(ngram)
+    assert cal.q(copy) < 0.5 * prior(copy)
+
+
 def _renamed(seed=2):
     """Random 'code' in which token 7 occurs every 40 tokens, and the output: all of it, with 7
     renamed to 8."""
@@ -96,7 +107,7 @@ def test_copies_read_through_a_rename(monkeypatch):
     code, renamed = _renamed()
     d = AdaptiveDrafter()
     t = replay(code, renamed, d, draft=64, beta=0.08)
-    assert (t.steps, t.drafted, t.accepted) == (18, 465, 382)
+    assert (t.steps, t.drafted, t.accepted) == (18, 461, 382)
     assert d.substitutions.forward == {7: 8}
     monkeypatch.setattr(D, "SUBST_SEEN", 10**9)
     assert replay(code, renamed, AdaptiveDrafter(), draft=64, beta=0.08).steps == 35
