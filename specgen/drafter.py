@@ -211,6 +211,7 @@ class AdaptiveDrafter(NGramPredictor):
         super().__init__(max_order=max_order, window=window, min_order=min_order)
         self.cost = cost
         self._keys: tuple[int, list[int]] | None = None  # (history length, keys) from predict
+        self._hashed = max(max_order - 1, COPY_KEY)  # context tokens hashed: n-grams' and copies'
         self._costs: list[float] = []  # cost(k) and min_slopes, tabulated up to the longest draft
         self._slopes: list[float] = []
         self.memory = memory
@@ -229,7 +230,13 @@ class AdaptiveDrafter(NGramPredictor):
         """Count `token` in the tables and remember where it followed its COPY_KEY-token context."""
         toks = self._all
         known = self._keys
-        keys = super().update(token, known[1] if known is not None and known[0] == len(toks) else None)
+        if known is not None and known[0] == len(toks):
+            keys = known[1]
+        elif self.window >= self.max_order - 1:  # the window holds the n-gram context: hash once
+            keys = context_keys(toks, self._hashed)  # for both the tables and the copy index
+        else:
+            keys = None
+        keys = super().update(token, keys)
         if len(toks) >= COPY_KEY:
             key = keys[COPY_KEY] if len(keys) > COPY_KEY else context_keys(toks, COPY_KEY)[COPY_KEY]
             remember(self._seen, key, len(toks))
@@ -363,7 +370,7 @@ class AdaptiveDrafter(NGramPredictor):
             self._slopes = slopes = min_slopes(self.cost, longest)
         best_k, best_rate = 0, 1.0 / costs[0]
         order = self.max_order - 1
-        keys = context_keys(toks, max(order, COPY_KEY))  # of the context the first draft follows
+        keys = context_keys(toks, self._hashed)  # of the context the first draft follows
         if self.window >= order:  # the window holds this context: the next update's keys are these
             self._keys = (len(toks), keys)
         src = self._copy_source(keys)
