@@ -26,7 +26,7 @@ from typing import Callable
 from . import defaults
 from .predictor import NGramPredictor, context_keys
 
-COPY_KEY = 3  # tokens of context that locate an earlier occurrence to copy from
+COPY_KEY = 4  # tokens of context that locate an earlier occurrence to copy from
 COPY_CANDIDATES = 16  # earlier occurrences remembered per context; the longest backward match wins
 MATCH_CAP = 128  # longest backward match measured
 AGREE_BELOW = 16  # below this match length, ask the n-gram tables for a second opinion
