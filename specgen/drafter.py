@@ -212,6 +212,8 @@ class AdaptiveDrafter(NGramPredictor):
         self.cost = cost
         self._keys: tuple[int, list[int]] | None = None  # (history length, keys) from predict
         self._hashed = max(max_order - 1, COPY_KEY)  # context tokens hashed: n-grams' and copies'
+        # Whether keys hashed from the whole list are the window's too (it holds the n-gram context).
+        self._list_keys = window >= max_order - 1
         self._costs: list[float] = []  # cost(k) and min_slopes, tabulated up to the longest draft
         self._slopes: list[float] = []
         self.memory = memory
@@ -232,8 +234,8 @@ class AdaptiveDrafter(NGramPredictor):
         known = self._keys
         if known is not None and known[0] == len(toks):
             keys = known[1]
-        elif self.window >= self.max_order - 1:  # the window holds the n-gram context: hash once
-            keys = context_keys(toks, self._hashed)  # for both the tables and the copy index
+        elif self._list_keys:  # hash once, for both the tables and the copy index
+            keys = context_keys(toks, self._hashed)
         else:
             keys = None
         keys = super().update(token, keys)
@@ -371,7 +373,7 @@ class AdaptiveDrafter(NGramPredictor):
         best_k, best_rate = 0, 1.0 / costs[0]
         order = self.max_order - 1
         keys = context_keys(toks, self._hashed)  # of the context the first draft follows
-        if self.window >= order:  # the window holds this context: the next update's keys are these
+        if self._list_keys:  # the next update's keys are these
             self._keys = (len(toks), keys)
         src = self._copy_source(keys)
         if src is not None:
