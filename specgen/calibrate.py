@@ -221,9 +221,13 @@ def describe(curve: dict[int, float], overlap: float | None = None) -> str:
     text = "cost x" + "/".join(f"{curve[k]:.2f}" for k in ks) + " at " + "/".join(map(str, ks)) + " positions"
     ahead = None if overlap is None else pipeline_after(overlap)
     if ahead is not None:
-        text += (f"; plain steps queued ahead after {ahead} silent "
-                 f"{'one' if ahead == 1 else 'ones'} (saves {overlap:.0%})")
+        text += f"; {queued_ahead(ahead)} (saves {overlap:.0%})"
     return text
+
+
+def queued_ahead(after: int) -> str:
+    """How a pipeline_after policy reads in reports (run's summary, bench's and simulate's titles)."""
+    return f"plain steps queued ahead after {after} silent {'one' if after == 1 else 'ones'}"
 
 
 def model_cost(loaded, *, recalibrate: bool = False):

@@ -13,7 +13,9 @@ def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool,
     """One row per file and per category within it."""
     title = f"drafter {draft_mode}, verify cost 1 + {beta} x drafted" + (", memory on" if memory else "")
     if pipeline_after is not None:
-        title += f", plain steps queued ahead after {pipeline_after} silent step" + "s" * (pipeline_after > 1)
+        from .calibrate import queued_ahead
+
+        title += f", {queued_ahead(pipeline_after)}"
     if overlap:
         title += f", queuing ahead saves {overlap:.0%} (mlx-lm queues every step)"
     table = Table(title=title, title_justify="left")
