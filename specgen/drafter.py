@@ -44,7 +44,8 @@ CONT_ODDS = 2.0  # prior odds multiplier for a copy that continues the source th
 # Copies by backward match length (upper bound) -> (prior if the n-gram tables disagree, if agree).
 _COPY_PRIOR = {4: (0.15, 0.6), 8: (0.35, 0.72), 16: (0.6, 0.85), 32: (0.8, 0.92),
                MATCH_CAP + 1: (0.97, 0.97)}
-_REALIGN_PRIOR = 0.35
+# A realignment, by drafted position: once its first token holds, it is likely the right one.
+_REALIGN_PRIOR = (0.35, 0.5, 0.6, 0.7)
 _SUBST_PRIOR = 0.4  # a learned substitution applied again (renames hold; one-off fixes do not)
 # n-grams: order -> share of the context's counts (< 0.5, < 0.8, >= 0.8) -> best count 1, 2, 3, 4+.
 _NGRAM_PRIOR = {
@@ -72,7 +73,7 @@ def prior(bucket: tuple) -> float:
     """The prior acceptance chance for a kind of evidence (see the module docstring)."""
     kind = bucket[0]
     if kind == "realign":
-        return _REALIGN_PRIOR
+        return _REALIGN_PRIOR[bucket[1]]
     if kind == "subst":
         return _SUBST_PRIOR
     if kind in ("copy", "mcopy"):
@@ -400,7 +401,7 @@ class AdaptiveDrafter(NGramPredictor):
                     tok = subst[tok]
                     bucket = ("subst",)
                 elif match < 0:
-                    bucket = ("realign",)
+                    bucket = ("realign", i if i < 3 else 3)
                 elif match + i >= AGREE_BELOW:
                     bucket = _copy_bucket(match + i, True, cont, kind)
                 else:
