@@ -11,7 +11,8 @@ Evidence, in order of preference:
   output); the draft continues from the occurrence with the longest backward match, as far as
   the source goes; right after a copy breaks, it realigns near where the copy left off;
   a token the output keeps putting in place of the source's (a rename, a re-indented block) is
-  substituted while copying;
+  substituted while copying; after a token that copies keep breaking at (where the output inserts
+  lines), copying on is judged less likely;
 - n-gram predictions: the request's own tables (the mission's FNV-hashed 2-4-gram tables over
   the window), or memory's tables of earlier outputs when they are more likely to be right.
 q starts from a coarse prior per kind of evidence; each request rescales the odds of each kind
@@ -34,6 +35,8 @@ MIN_P = 0.05  # stop extending a draft once the chance that all of it is accepte
 REALIGN_SPAN = (-2, 12)  # after a copy breaks, look for the last token this close to where it was
 REALIGN_STEPS = 6  # steps after a broken copy during which realigning is tried
 SUBST_SEEN = 2  # times the output must have replaced a source token before copies substitute it
+HAZARD_SHRINK = 10.0  # copy tokens judged after a token before its break rate counts as much as the usual
+HAZARD_BASE = (1.0, 20.0)  # (breaks, judged) assumed before a request has judged any copy token
 SHRINK = 2.0  # pseudo-observations that hold a request's rescaling near 1 until evidence builds
 # The n-gram priors hold up better than a request's first few dozen n-gram drafts can tell (on the
 # shared traces any value from 20 to 200 does better than 2, on every file, with memory or not).
@@ -203,6 +206,41 @@ class Substitutions:
             del self.back[now]
 
 
+class Hazards:
+    """Tokens after which the request's copies break more often than usual: where the output
+    inserts a line, or changes an indentation, the copy it was following breaks at the token after
+    the same newline or indentation each time. Per preceding token it counts the copy tokens judged
+    and how many broke; `odds` lowers a copy's odds after a token that breaks more often than copies
+    of this request usually do, and never raises them (match lengths already say when copies hold)."""
+
+    def __init__(self):
+        self.after: dict[int, list[int]] = {}  # preceding token -> [copy tokens judged, breaks]
+        self.judged = 0
+        self.broke = 0
+
+    def record(self, prev: int, broke: bool) -> None:
+        """A copy token drafted after `prev` was judged."""
+        counts = self.after.get(prev)
+        if counts is None:
+            counts = self.after[prev] = [0, 0]
+        counts[0] += 1
+        counts[1] += broke
+        self.judged += 1
+        self.broke += broke
+
+    def odds(self, prev: int) -> float:
+        """The factor (at most 1) on the odds that a copy token drafted after `prev` is accepted."""
+        counts = self.after.get(prev)
+        if counts is None:
+            return 1.0
+        usual = (self.broke + HAZARD_BASE[0]) / (self.judged + HAZARD_BASE[1])
+        rate = (counts[1] + HAZARD_SHRINK * usual) / (counts[0] + HAZARD_SHRINK)
+        return min(1.0, (1.0 - rate) / rate * usual / (1.0 - usual))
+
+
+_HAZARD_KINDS = ("copy", "realign")  # the request's own copies (memory's are other requests')
+
+
 class AdaptiveDrafter(NGramPredictor):
     """Drafts from long copies, the n-gram tables and (optionally) memory, as far as it pays."""
 
@@ -225,6 +263,7 @@ class AdaptiveDrafter(NGramPredictor):
         self._anchor: int | None = None  # source position aligned with the end, while copying
         self._near: tuple[int, int] | None = None  # (realign position, steps left) after a broken copy
         self.substitutions = Substitutions()
+        self.hazards = Hazards()
         self._ngram_sources = [("ngram", self.by_order, self.calibration)]  # see _ngram
         if memory is not None:
             self._ngram_sources.append(("memory", memory.tables.by_order, memory.calibration))
@@ -260,14 +299,18 @@ class AdaptiveDrafter(NGramPredictor):
             drafts, buckets, src = self._last
             self._last = None
             n = 0
+            prev = self._all[-1]
             for b in buckets:
                 if n >= len(tokens):
                     break  # generation stopped (a stop token) before this draft was judged
                 hit = tokens[n] == drafts[n]
                 # Memory's calibration lives with the memory: it carries over between requests.
                 (self.memory.calibration if b[0] in _MEMORY_KINDS else self.calibration).record(b, hit)
+                if b[0] in _HAZARD_KINDS:
+                    self.hazards.record(prev, not hit)
                 if not hit:
                     break  # later tokens were never judged on their own
+                prev = drafts[n]
                 n += 1
             if src is not None:
                 self._anchor = src + len(tokens)
@@ -408,6 +451,10 @@ class AdaptiveDrafter(NGramPredictor):
                     alt = self._ngram(keys or context_keys(ctx, order))
                     bucket = _copy_bucket(match + i, alt is None or alt[0] == tok, cont, kind)
                 q = self._q(bucket)
+                if bucket[0] in _HAZARD_KINDS:
+                    factor = self.hazards.odds(ctx[-1])
+                    if factor < 1.0:
+                        q = _odds_scaled(q, factor)
                 if alt is not None and not bucket[2] and alt[2] > q:
                     src = None  # the tables know better: stop copying
                     tok, bucket, q = alt

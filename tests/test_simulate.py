@@ -7,7 +7,8 @@ from typer.testing import CliRunner
 
 from conftest import SHARED, run
 from specgen.cli import app
-from specgen.drafter import AdaptiveDrafter, Calibration, Substitutions, make_drafter, prior
+from specgen.drafter import (AdaptiveDrafter, Calibration, Hazards, Substitutions, make_drafter,
+                             prior)
 from specgen.memory import NGramMemory
 from specgen.predictor import NGramPredictor
 from specgen.simulate import replay
@@ -122,6 +123,43 @@ def test_copies_draft_the_substitute_once_it_has_been_accepted():
     d.calibration.set_counts("subst", [50, 20, 50])  # substitutes drafted so far were accepted
     drafts = d.predict(64)
     assert len(drafts) > 10 and drafts == renamed[100:100 + len(drafts)]  # 8 first, then the copy
+
+
+def test_hazards_lower_the_odds_only_after_tokens_that_copies_break_after():
+    h = Hazards()
+    for _ in range(30):
+        h.record(1, False)
+        h.record(3, False)
+    for _ in range(3):
+        h.record(2, True)
+    assert h.odds(2) < 0.2
+    assert h.odds(1) == h.odds(3) == h.odds(4) == 1.0  # reliable or unseen: never raised
+
+
+def _inserted(seed=3):
+    """Random 'code' whose 20-token lines start with token 5, and the output: all of it, with a
+    new token after each 5 (a line the model inserts)."""
+    rng = random.Random(seed)
+    code = [rng.randrange(9, 30000) for _ in range(400)]
+    out = []
+    for i in range(400):
+        if i % 20 == 0:
+            code[i] = 5
+        out.append(code[i])
+        if i % 20 == 0:
+            out.append(rng.randrange(30000, 31000))
+    return code, out
+
+
+def test_copies_stop_before_the_token_they_keep_breaking_after(monkeypatch):
+    # Every inserted token costs a step either way; once copies have broken after 5 a few times,
+    # they stop at it instead of drafting on through the rest of the source.
+    code, out = _inserted()
+    t = replay(code, out, AdaptiveDrafter(), draft=64, beta=0.08)
+    assert (t.steps, t.drafted, t.accepted) == (63, 839, 357)
+    monkeypatch.setattr(Hazards, "odds", lambda self, prev: 1.0)
+    off = replay(code, out, AdaptiveDrafter(), draft=64, beta=0.08)
+    assert (off.steps, off.drafted, off.accepted) == (63, 1196, 357)
 
 
 @pytest.mark.parametrize("draft,ahead", [(None, None), (4, None), (None, 2), (None, 1)])
