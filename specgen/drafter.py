@@ -56,6 +56,9 @@ _NGRAM_PRIOR = {
     3: ((0.05, 0.15, 0.25, 0.35), (0.15, 0.3, 0.4, 0.5), (0.4, 0.7, 0.8, 0.85)),
     2: ((0.05, 0.1, 0.15, 0.2), (0.1, 0.2, 0.3, 0.4), (0.25, 0.5, 0.65, 0.75)),
 }
+# n-grams seen once in the request: in edits they follow the prompt being copied, in chat they are
+# as unreliable as their priors say, so each request rescales them apart from the others.
+_ONCE = "ngram1"
 _MEMORY_ODDS = 0.5  # memory n-grams and copies start at half the odds of the request's own
 _MEMORY_KINDS = ("memory", "mcopy")
 
@@ -149,7 +152,7 @@ class Calibration:
         """Set [accepted, expected, judged] for a kind and rescale its odds."""
         acc, exp, n = self.counts[kind] = counts
         # Observed odds over the priors' odds, both shrunk towards the priors.
-        s = NGRAM_SHRINK if kind == "ngram" else SHRINK
+        s = NGRAM_SHRINK if kind == "ngram" or kind == _ONCE else SHRINK
         self.scale[kind] = ((acc + s) / (n - acc + s)) / ((exp + s) / (n - exp + s))
 
     def q(self, bucket: tuple) -> float:
@@ -387,7 +390,7 @@ class AdaptiveDrafter(NGramPredictor):
                     if entry is not None:  # bucket: order, share of the context's counts, count
                         c = entry[1]
                         share = c / entry[3]
-                        bucket = (kind, k if k < 4 else 4,
+                        bucket = (_ONCE if c == 1 and kind == "ngram" else kind, k if k < 4 else 4,
                                   2 if share >= 0.8 else 1 if share >= 0.5 else 0, c if c < 4 else 4)
                         q = calibration.q(bucket)
                         if best is None or q > best[2]:

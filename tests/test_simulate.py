@@ -10,7 +10,7 @@ from specgen.cli import app
 from specgen.drafter import (AdaptiveDrafter, Calibration, Hazards, Substitutions, make_drafter,
                              prior)
 from specgen.memory import NGramMemory
-from specgen.predictor import NGramPredictor
+from specgen.predictor import NGramPredictor, context_keys
 from specgen.simulate import replay
 
 runner = CliRunner()
@@ -73,6 +73,20 @@ def test_a_few_misses_move_copies_far_more_than_ngrams():
         cal.record(copy, False)
     assert cal.q(ngram) > 0.8 * prior(ngram)
     assert cal.q(copy) < 0.5 * prior(copy)
+
+
+def test_ngrams_seen_once_are_rescaled_apart_from_the_others():
+    # In an edit, n-grams seen once follow the prompt being copied: their hits must not make
+    # the request trust its frequent n-grams more (nor the other way round).
+    d = AdaptiveDrafter()
+    d.update_batch([10, 11, 12, 13, 14] + [20, 21, 22] * 4)
+    once = d._ngram(context_keys([10, 11, 12], 3))
+    often = d._ngram(context_keys([20, 21, 22], 3))
+    assert (once[0], once[1][0], often[0], often[1][0]) == (13, "ngram1", 20, "ngram")
+    for _ in range(200):
+        d.calibration.record(once[1], True)
+    assert d._ngram(context_keys([10, 11, 12], 3))[2] > once[2] + 0.2
+    assert d._ngram(context_keys([20, 21, 22], 3))[2] == often[2]
 
 
 def _renamed(seed=2):
