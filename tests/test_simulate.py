@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 from conftest import SHARED, run
 from specgen.cli import app
-from specgen.drafter import (AdaptiveDrafter, Calibration, Hazards, Substitutions, make_drafter,
-                             prior)
+from specgen.drafter import (MATCH_CAP, AdaptiveDrafter, Calibration, Hazards, Substitutions,
+                             make_drafter, prior)
 from specgen.memory import NGramMemory
 from specgen.predictor import NGramPredictor, context_keys
 from specgen.simulate import replay
@@ -75,6 +75,18 @@ def test_a_few_misses_move_copies_far_more_than_ngrams():
     assert cal.q(copy) < 0.5 * prior(copy)
 
 
+def test_long_copies_are_rescaled_apart_from_short_ones_and_realignments():
+    cal = Calibration()
+    long, short, realign = ("copy", MATCH_CAP + 1, True, False), ("copy", 8, True, False), ("realign", 0)
+    for _ in range(10):
+        cal.record(long, False)
+    assert cal.q(long) < 0.6
+    assert (cal.q(short), cal.q(realign)) == pytest.approx((prior(short), prior(realign)))
+    for _ in range(10):
+        cal.record(realign, False)  # realigning is a kind of (short) copy
+    assert cal.q(short) < 0.6 * prior(short)
+
+
 def test_ngrams_seen_once_are_rescaled_apart_from_the_others():
     # In an edit, n-grams seen once follow the prompt being copied: their hits must not make
     # the request trust its frequent n-grams more (nor the other way round).
@@ -122,10 +134,10 @@ def test_copies_read_through_a_rename(monkeypatch):
     code, renamed = _renamed()
     d = AdaptiveDrafter()
     t = replay(code, renamed, d, draft=64, beta=0.08)
-    assert (t.steps, t.drafted, t.accepted) == (18, 473, 382)
+    assert (t.steps, t.drafted, t.accepted) == (21, 438, 379)
     assert d.substitutions.forward == {7: 8}
     monkeypatch.setattr(D, "SUBST_SEEN", 10**9)
-    assert replay(code, renamed, AdaptiveDrafter(), draft=64, beta=0.08).steps == 35
+    assert replay(code, renamed, AdaptiveDrafter(), draft=64, beta=0.08).steps == 34
 
 
 def test_copies_draft_the_substitute_once_it_has_been_accepted():
@@ -170,10 +182,10 @@ def test_copies_stop_before_the_token_they_keep_breaking_after(monkeypatch):
     # they stop at it instead of drafting on through the rest of the source.
     code, out = _inserted()
     t = replay(code, out, AdaptiveDrafter(), draft=64, beta=0.08)
-    assert (t.steps, t.drafted, t.accepted) == (63, 839, 357)
+    assert (t.steps, t.drafted, t.accepted) == (63, 735, 357)
     monkeypatch.setattr(Hazards, "odds", lambda self, prev: 1.0)
     off = replay(code, out, AdaptiveDrafter(), draft=64, beta=0.08)
-    assert (off.steps, off.drafted, off.accepted) == (63, 1196, 357)
+    assert (off.steps, off.drafted, off.accepted) == (63, 866, 357)
 
 
 @pytest.mark.parametrize("draft,ahead", [(None, None), (4, None), (None, 2), (None, 1)])
