@@ -35,7 +35,7 @@ MIN_P = 0.05  # stop extending a draft once the chance that all of it is accepte
 REALIGN_SPAN = (-2, 12)  # after a copy breaks, look for the last token this close to where it was
 REALIGN_STEPS = 6  # steps after a broken copy during which realigning is tried
 SUBST_SEEN = 2  # times the output must have replaced a source token before copies substitute it
-HAZARD_SHRINK = 10.0  # copy tokens judged after a token before its break rate counts as much as the usual
+HAZARD_SHRINK = 10.0  # judged copies after a token before its own break rate outweighs the usual
 HAZARD_BASE = (1.0, 20.0)  # (breaks, judged) assumed before a request has judged any copy token
 SHRINK = 2.0  # pseudo-observations that hold a request's rescaling near 1 until evidence builds
 # The n-gram priors hold up better than a request's first few dozen n-gram drafts can tell (on the
