@@ -151,6 +151,33 @@ def test_copies_draft_the_substitute_once_it_has_been_accepted():
     assert len(drafts) > 10 and drafts == renamed[100:100 + len(drafts)]  # 8 first, then the copy
 
 
+def test_a_realignment_is_trusted_further_once_its_first_token_holds(monkeypatch):
+    from specgen import drafter as D
+
+    rng = random.Random(5)
+    source = [rng.randrange(9, 30000) for _ in range(300)]
+    out = source[:60] + [31000] + source[60:150] + [31001] + source[150:]  # two inserted tokens
+
+    def realignments():
+        """(drafted, accepted) of each step that realigns after a broken copy."""
+        d, i, found = AdaptiveDrafter(), 0, []
+        d.update_batch(source)
+        while i < len(out):
+            drafts, n = d.predict(64), 0
+            while n < len(drafts) and i + n < len(out) and drafts[n] == out[i + n]:
+                n += 1
+            if drafts and d._last[1][0][0] == "realign":
+                found.append((len(drafts), n))
+            d.update_batch(out[i : i + n + 1])
+            i += n + 1
+        return found
+
+    assert realignments() == [(10, 10), (16, 16)]
+    monkeypatch.setattr(D, "_REALIGN_PRIOR", (0.35,) * 4)  # one prior for every position
+    monkeypatch.setattr(D, "_PRIOR_ODDS", {})
+    assert realignments() == [(3, 3), (5, 5)]
+
+
 def test_hazards_lower_the_odds_only_after_tokens_that_copies_break_after():
     h = Hazards()
     for _ in range(30):
