@@ -49,6 +49,7 @@ _COPY_PRIOR = {4: (0.15, 0.6), 8: (0.35, 0.72), 16: (0.6, 0.85), 32: (0.8, 0.92)
                MATCH_CAP + 1: (0.97, 0.97)}
 # A realignment, by drafted position: once its first token holds, it is likely the right one.
 _REALIGN_PRIOR = (0.35, 0.6, 0.7, 0.8)
+_REALIGN_LAST = len(_REALIGN_PRIOR) - 1  # later positions share the last prior
 _SUBST_PRIOR = 0.4  # a learned substitution applied again (renames hold; one-off fixes do not)
 # n-grams: order -> share of the context's counts (< 0.5, < 0.8, >= 0.8) -> best count 1, 2, 3, 4+.
 _NGRAM_PRIOR = {
@@ -455,7 +456,7 @@ class AdaptiveDrafter(NGramPredictor):
                     tok = subst[tok]
                     bucket = ("subst",)
                 elif match < 0:
-                    bucket = ("realign", i if i < 3 else 3)
+                    bucket = ("realign", i if i < _REALIGN_LAST else _REALIGN_LAST)
                 elif match + i >= AGREE_BELOW:
                     bucket = _copy_bucket(match + i, True, cont, kind)
                 else:
