@@ -9,7 +9,8 @@ So the cost of every forward pass is real and the text is what a real 7B model w
 Traces are tokenized with the Llama-2 tokenizer from ../shared. Reports, per trace file, mlx-lm
 plain greedy and specgen (default adaptive drafter with the measured cost curve, and --draft 0)
 decode tok/s (prefill excluded, as in `specgen bench`) in the same process, alternating order,
-medians over repeats, and whether outputs matched the trace. With --memory, specgen also drafts
+medians over repeats, whether outputs matched the trace, and the speedup `simulate`'s replay predicts
+for the same traces under the measured curve (no overhead). With --memory, specgen also drafts
 from a memory of the file's other outputs (never the timed traces'), read-only, as a returning
 user's `--memory` would.
 """
@@ -26,7 +27,8 @@ from specgen.bench import mlx_lm_tokens, specgen_tokens
 from specgen.calibrate import blas, cost_function, describe, measure, relative
 from specgen.drafter import make_drafter
 from specgen.memory import NGramMemory
-from specgen.simulate import load_tokenizer
+from specgen.defaults import MAX_DRAFT
+from specgen.simulate import Tally, load_tokenizer, replay
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FILES = ["code_edit_qwen25coder_7b", "code_fix_python", "chat_llama2_7b", "chat_mistral_7b",
@@ -79,7 +81,7 @@ def main():
     print(f"# {params / 1e6:.1f}M-parameter llama (float32), BLAS: {blas()}")
     print(f"# one position {seconds[1] * 1e3:.1f} ms; {describe(curve)}; cost(4 drafts) = {cost(4):.2f}")
     print(f"{'set':28} {'mlx-lm':>8} {'specgen':>8} {'speedup':>8} {'min':>6} {'max':>6} "
-          f"{'draft0':>7} {'tok/step':>8} {'identical':>9}")
+          f"{'draft0':>7} {'tok/step':>8} {'predicted':>9} {'identical':>9}")
     results = []
     for name in args.sets:
         rows = [json.loads(l) for l in (SHARED / f"traces/{name}.jsonl").read_text().splitlines()]
@@ -98,6 +100,12 @@ def main():
             for i, row in enumerate(rows):
                 if i not in used:
                     mem.add(enc(row["output"]))
+        # What these traces predict with the same drafter and curve and no overhead (`simulate`'s
+        # replay): the gap to the measured speedup is what the loop and unqueued steps cost.
+        predicted = Tally()
+        for prompt, output in picked:
+            drafter = make_drafter(None, cost=cost, memory=mem and mem.reader())[0]
+            predicted.add(replay(prompt, output, drafter, draft=MAX_DRAFT, beta=0.0, cost=cost))
         ratios, d0_ratios, base_tps, spec_tps = [], [], [], []
         tokens = steps = 0
         identical = True
@@ -135,11 +143,12 @@ def main():
                    specgen_tps=statistics.median(spec_tps), speedup_median=statistics.median(ratios),
                    speedup_min=min(ratios), speedup_max=max(ratios),
                    draft0_ratio=statistics.median(d0_ratios), tokens_per_step=tokens / steps,
-                   identical=identical)
+                   predicted_speedup=predicted.to_dict()["predicted_speedup"], identical=identical)
         results.append(res)
         print(f"{name:28} {res['baseline_tps']:8.1f} {res['specgen_tps']:8.1f} "
               f"{res['speedup_median']:7.2f}x {res['speedup_min']:6.2f} {res['speedup_max']:6.2f} "
-              f"{res['draft0_ratio']:7.3f} {res['tokens_per_step']:8.2f} {str(identical):>9}", flush=True)
+              f"{res['draft0_ratio']:7.3f} {res['tokens_per_step']:8.2f} {res['predicted_speedup']:8.2f}x "
+              f"{str(identical):>9}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 
 from . import defaults
 from .decode import draft_room
+from .drafter import linear_cost
 from .errors import InputError
 from .stats import ratio
 
@@ -71,14 +72,17 @@ class FileReport:
 
 def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: float,
            max_tokens: int | None = None, context_length: int | None = None,
-           pipeline_after: int | None = None, overlap: float = 0.0) -> Tally:
+           pipeline_after: int | None = None, overlap: float = 0.0,
+           cost: Callable[[int], float] | None = None) -> Tally:
     """Count the steps greedy speculation with `drafter` needs to emit `output` after `prompt`.
 
     `max_tokens` (default: the output's length) and `context_length` limit drafts as in `run`;
     tokens past the end of `output` never match, like the tokens after a stop token.
     `pipeline_after` as in `decode.generate`: a step queued ahead drafts nothing, and costs
     1 - `overlap` (the share of a plain step that queuing it ahead saves; see calibrate).
+    A step that drafts k tokens costs `cost(k)`, by default 1 + `beta` * k.
     """
+    cost = cost or linear_cost(beta)
     t = Tally(traces=1, output_tokens=len(output), plain_cost=len(output) * (1 - overlap))
     clock = time.perf_counter
     t0 = clock()
@@ -105,7 +109,7 @@ def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: f
         t.steps += 1
         t.drafted += len(drafts)
         t.accepted += n
-        t.cost += 1 - overlap if ahead else 1 + beta * len(drafts)
+        t.cost += 1 - overlap if ahead else cost(len(drafts))
         ahead = not drafts and pipeline_after is not None and silent >= pipeline_after
         i += len(emitted)
     t.drafter_s = spent

@@ -24,6 +24,10 @@ def test_replay_counts_steps_exactly_with_the_fixed_drafter():
     # The model deviates (4 -> 5): the same steps as the scripted-model decode test.
     t = replay(CYCLE_PROMPT, [5, 1, 2, 3, 4, 5, 1], NGramPredictor(), draft=4, beta=0.1)
     assert (t.steps, t.drafted, t.accepted) == (3, 8, 4)
+    # A measured cost curve (as benchmarks/emulated.py predicts with) replaces 1 + beta * k.
+    curve = {0: 1.0, 4: 1.5}
+    t = replay(CYCLE_PROMPT, [1, 2, 3, 4] * 5, NGramPredictor(), draft=4, beta=0.1, cost=curve.get)
+    assert (t.steps, t.cost) == (4, 4 * 1.5)
 
 
 def test_queued_steps_and_plain_decoding_cost_less_by_the_overlap():
