@@ -4,7 +4,7 @@ passes, and a wrapper then makes the recorded trace's next token the argmax at e
 So the cost of every forward pass is real and the text is what a real 7B model wrote.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/emulated.py \\
-        [--traces 6] [--max-tokens 256] [--repeats 3] [--sets ...] [--memory]
+        [--traces 5] [--max-tokens N] [--repeats 3] [--sets ...] [--memory]
 
 Traces are tokenized with the Llama-2 tokenizer from ../shared. Reports, per trace file, mlx-lm
 plain greedy and specgen (default adaptive drafter with the measured cost curve, and --draft 0)
@@ -25,9 +25,9 @@ from mlx_lm.models import llama
 
 from specgen.bench import mlx_lm_tokens, specgen_tokens
 from specgen.calibrate import blas, cost_function, describe, measure, relative
+from specgen.defaults import MAX_DRAFT
 from specgen.drafter import make_drafter
 from specgen.memory import NGramMemory
-from specgen.defaults import MAX_DRAFT
 from specgen.simulate import Tally, load_tokenizer, replay
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -64,8 +64,9 @@ def build_model(seed=0):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--traces", type=int, default=6, help="traces per file")
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--traces", type=int, default=5, help="traces per file")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="cut each output to its first N tokens (default: whole outputs)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-prompt", type=int, default=1024, help="skip traces with longer prompts")
     ap.add_argument("--sets", nargs="*", default=FILES, choices=FILES, help="trace files to run")
