@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import SHARED, run
+from specgen import drafter as D
 from specgen.cli import app
 from specgen.drafter import (MATCH_CAP, AdaptiveDrafter, Calibration, Hazards, Substitutions,
                              make_drafter, prior)
@@ -133,8 +134,6 @@ def test_substitutions_are_confirmed_by_the_source_resuming_and_dropped_when_kep
 def test_copies_read_through_a_rename(monkeypatch):
     # Each renamed token breaks the copy until the rename has been confirmed twice; after that,
     # copies match through it, stop right before it, and the step's own token is the new name.
-    from specgen import drafter as D
-
     code, renamed = _renamed()
     d = AdaptiveDrafter()
     t = replay(code, renamed, d, draft=64, beta=0.08)
@@ -156,25 +155,29 @@ def test_copies_draft_the_substitute_once_it_has_been_accepted():
 
 
 def test_a_realignment_is_trusted_further_once_its_first_token_holds(monkeypatch):
-    from specgen import drafter as D
-
     rng = random.Random(5)
     source = [rng.randrange(9, 30000) for _ in range(300)]
     out = source[:60] + [31000] + source[60:150] + [31001] + source[150:]  # two inserted tokens
 
     def realignments():
-        """(drafted, accepted) of each step that realigns after a broken copy."""
-        d, i, found = AdaptiveDrafter(), 0, []
-        d.update_batch(source)
-        while i < len(out):
-            drafts, n = d.predict(64), 0
-            while n < len(drafts) and i + n < len(out) and drafts[n] == out[i + n]:
-                n += 1
+        """(drafted, accepted) of each step of a replay that realigns after a broken copy."""
+        d, found = AdaptiveDrafter(), []
+        predict, update_batch = d.predict, d.update_batch
+
+        def spied_predict(n):
+            drafts = predict(n)
             if drafts and d._last[1][0][0] == "realign":
-                found.append((len(drafts), n))
-            d.update_batch(out[i : i + n + 1])
-            i += n + 1
-        return found
+                found.append([len(drafts), None])
+            return drafts
+
+        def spied_update(tokens):
+            if found and found[-1][1] is None:
+                found[-1][1] = len(tokens) - 1  # a step emits what it accepted plus one
+            update_batch(tokens)
+
+        d.predict, d.update_batch = spied_predict, spied_update
+        replay(source, out, d, draft=64, beta=0.08)
+        return [tuple(f) for f in found]
 
     assert realignments() == [(10, 10), (16, 16)]
     monkeypatch.setattr(D, "_REALIGN_PRIOR", (0.35,) * 4)  # one prior for every position
@@ -372,7 +375,6 @@ def test_run_memory_speeds_up_a_repeated_request(tmp_path):
 def test_early_stop_never_changes_a_draft(monkeypatch, curve):
     # predict stops once no longer draft can pay (min_slopes); with that bound switched off it
     # must choose exactly the same drafts on text with copies, repeats and novel spans.
-    from specgen import drafter as D
     from specgen.calibrate import cost_function
 
     rng = random.Random(7)
