@@ -280,16 +280,15 @@ class AdaptiveDrafter(NGramPredictor):
         if memory is not None:
             self._ngram_sources.append(("memory", memory.tables.by_order, memory.calibration))
 
-    def update(self, token: int) -> list[int]:
+    def update(self, token: int, keys: list[int] | None = None) -> list[int]:
         """Count `token` in the tables and remember where it followed its COPY_KEY-token context."""
         toks = self._all
-        known = self._keys
-        if known is not None and known[0] == len(toks):
-            keys = known[1]
-        elif self._list_keys:  # hash once, for both the tables and the copy index
-            keys = context_keys(toks, self._hashed)
-        else:
-            keys = None
+        if keys is None:
+            known = self._keys
+            if known is not None and known[0] == len(toks):
+                keys = known[1]
+            elif self._list_keys:  # hash once, for both the tables and the copy index
+                keys = context_keys(toks, self._hashed)
         keys = super().update(token, keys)
         if len(toks) >= COPY_KEY:
             key = keys[COPY_KEY] if len(keys) > COPY_KEY else context_keys(toks, COPY_KEY)[COPY_KEY]
@@ -331,8 +330,7 @@ class AdaptiveDrafter(NGramPredictor):
                     if n < len(tokens) and src + n < len(self._all):
                         self.substitutions.broke(src + n, self._all[src + n], tokens[n],
                                                  buckets[n][0] == "subst")
-        for t in tokens:
-            self.update(t)
+        super().update_batch(tokens)
 
     def _copy_source(self, keys: list[int]) -> tuple[list[int], int, int] | None:
         """(tokens to copy from, position, backward match; -1 when realigning) or None, given the

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import defaults
 from .drafter import COPY_KEY, Calibration, remember
-from .predictor import NGramPredictor, context_keys
+from .predictor import NGramPredictor, keys_along
 
 
 def _split(stream: list[int]) -> list[list[int]]:
@@ -104,8 +104,8 @@ class NGramMemory:
         stream.append(SEP)
         start = len(stream)
         stream.extend(tokens)
-        for p in range(start + COPY_KEY, len(stream)):
-            remember(self.index, context_keys(stream[p - COPY_KEY:p], COPY_KEY)[COPY_KEY], p)
+        for p, keys in enumerate(keys_along(tokens, COPY_KEY, COPY_KEY), start + COPY_KEY):
+            remember(self.index, keys[COPY_KEY], p)
 
     def outputs(self) -> int:
         """How many earlier outputs the stream holds."""

@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
+import numpy as np
+
 from . import defaults
 from .errors import InputError
 
 FNV_OFFSET = 14695981039346656037
 FNV_PRIME = 1099511628211
 _MASK = (1 << 64) - 1
+BATCH_HASH = 32  # from this many tokens fed at once, hashing them together beats one at a time
 
 
 def context_keys(tokens: list[int], longest: int) -> list[int]:
@@ -31,6 +34,25 @@ def context_keys(tokens: list[int], longest: int) -> list[int]:
         keys.append(h)
         i -= 1
     return keys
+
+
+def keys_along(tokens: list[int], start: int, longest: int) -> list[list[int]]:
+    """context_keys(tokens[:i], longest) for every i from `start` on, all positions hashed at once
+    (numpy's uint64 arithmetic wraps modulo 2^64 as FNV-1a does): prompts are fed thousands at a time."""
+    early = range(start, min(longest, len(tokens)))  # positions with a shorter context
+    out = [context_keys(tokens[:i], longest) for i in early]
+    first = max(start, longest)
+    n = len(tokens) - first
+    if n > 0:
+        a = np.array(tokens, dtype=np.int64).astype(np.uint64)
+        h = np.full(n, FNV_OFFSET, dtype=np.uint64)
+        prime = np.uint64(FNV_PRIME)
+        columns = [h.tolist()]
+        for j in range(1, longest + 1):
+            h = (h ^ a[first - j : first - j + n]) * prime
+            columns.append(h.tolist())
+        out.extend(map(list, zip(*columns)))
+    return out
 
 
 def fnv1a_64(tokens: Iterable[int]) -> int:
@@ -68,6 +90,7 @@ class NGramPredictor:
         self._tables: dict[int, dict[int, list]] = {k: {} for k in self._orders}
         self._by_order = [(k, self._tables[k]) for k in self._orders]
         self._history: deque[int] = deque(maxlen=window)
+        self._hashed = max_order - 1  # context tokens hashed per update (subclasses may hash more)
 
     @property
     def entries(self) -> dict[int, dict[int, list]]:
@@ -119,8 +142,15 @@ class NGramPredictor:
 
     def update_batch(self, tokens: Iterable[int]) -> None:
         """Feed several tokens in order (e.g. the prompt, to seed the tables)."""
-        for t in tokens:
-            self.update(t)
+        tokens = list(tokens)
+        longest = self._hashed
+        if len(tokens) < BATCH_HASH or self.window < longest:
+            for t in tokens:
+                self.update(t)
+            return
+        tail = list(self._history)[-longest:]
+        for t, keys in zip(tokens, keys_along(tail + tokens, len(tail), longest)):
+            self.update(t, keys)
 
     def lookup(self, context: list[int]) -> int | None:
         """The most frequent continuation of `context`, longest order first; None if unseen."""

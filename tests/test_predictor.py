@@ -1,8 +1,10 @@
+import random
+
 import pytest
 
 from specgen import defaults
 from specgen.errors import InputError
-from specgen.predictor import NGramPredictor, fnv1a_64
+from specgen.predictor import BATCH_HASH, NGramPredictor, context_keys, fnv1a_64, keys_along
 
 
 def fed(tokens, **kw):
@@ -71,3 +73,24 @@ def test_window_bounds_the_history_but_not_the_tables():
 def test_bad_parameters_are_input_errors(kw):
     with pytest.raises(InputError):
         NGramPredictor(**kw)
+
+
+def test_hashing_a_batch_at_once_gives_every_position_its_own_context_keys():
+    rng = random.Random(0)
+    for _ in range(50):
+        toks = [rng.randrange(70000) for _ in range(rng.randrange(60))]
+        start, longest = rng.randrange(len(toks) + 1), rng.randrange(1, 6)
+        expected = [context_keys(toks[:i], longest) for i in range(start, len(toks))]
+        assert keys_along(toks, start, longest) == expected
+
+
+@pytest.mark.parametrize("window", [512, 3, 2])
+def test_a_batch_fed_at_once_counts_like_one_token_at_a_time(window):
+    rng = random.Random(window)
+    first, batch = [rng.randrange(20) for _ in range(7)], [rng.randrange(20) for _ in range(3 * BATCH_HASH)]
+    at_once, one_by_one = fed(first, window=window), fed(first, window=window)
+    at_once.update_batch(batch)  # hashed together
+    for t in batch:
+        one_by_one.update(t)
+    assert at_once.entries == one_by_one.entries
+    assert at_once.history == one_by_one.history
