@@ -369,17 +369,25 @@ class AdaptiveDrafter(NGramPredictor):
         n = len(toks)
         best = None
         subst = self.substitutions.forward if seq is toks else None
-        for p in candidates:
-            m = 0
-            if not subst:
+        if not subst:
+            # A candidate counts only if it beats the best so far: its farthest token, then one
+            # slice comparison (in C), rule out most; only a winner is measured token by token.
+            for p in candidates:
+                m = COPY_KEY if best is None else best[1] + 1
+                if (m > p or m > n or m > MATCH_CAP or seq[p - m] != toks[n - m]
+                        or seq[p - m:p] != toks[n - m:]):
+                    continue
                 while m < MATCH_CAP and p - 1 - m >= 0 and seq[p - 1 - m] == toks[n - 1 - m]:
                     m += 1
-            else:  # a token the output substitutes matches its substitute
-                while m < MATCH_CAP and p - 1 - m >= 0:
-                    a, b = seq[p - 1 - m], toks[n - 1 - m]
-                    if a != b and subst.get(a) != b:
-                        break
-                    m += 1
+                best = (p, m)
+            return best
+        for p in candidates:  # a token the output substitutes matches its substitute
+            m = 0
+            while m < MATCH_CAP and p - 1 - m >= 0:
+                a, b = seq[p - 1 - m], toks[n - 1 - m]
+                if a != b and subst.get(a) != b:
+                    break
+                m += 1
             if m >= COPY_KEY and (best is None or m > best[1]):
                 best = (p, m)
         return best
