@@ -41,6 +41,7 @@ SHRINK = 2.0  # pseudo-observations that hold a request's rescaling near 1 until
 # The n-gram priors hold up better than a request's first few dozen n-gram drafts can tell (on the
 # shared traces any value from 20 to 200 does better than 2, on every file, with memory or not).
 NGRAM_SHRINK = 50.0
+SUPPORT_SMOOTH = 2.0  # pseudo-counts added to a context's total when the n-gram sources disagree
 CONT_ODDS = 2.0  # prior odds multiplier for a copy that continues the source the last step followed
 
 # Priors, measured coarsely on real model outputs (between what chat answers and code edits show).
@@ -120,6 +121,15 @@ def remember(index: dict[int, list[int]], key: int, pos: int) -> None:
         where.append(pos)
         if len(where) > COPY_CANDIDATES:
             del where[0]
+
+
+def _support(token: int, entry: list, weight: int, other: list, other_weight: int) -> float:
+    """How strongly two n-gram entries back `token` when their sources disagree: each entry's
+    share of its context's counts (SUPPORT_SMOOTH pseudo-counts keep a context seen once from
+    being sure), doubled per token of context, and once more for the request's own table
+    (`weight` = order, plus 1 if own)."""
+    return ((1 << weight) * entry[2].get(token, 0) / (entry[3] + SUPPORT_SMOOTH)
+            + (1 << other_weight) * other[2].get(token, 0) / (other[3] + SUPPORT_SMOOTH))
 
 
 def _kind(bucket: tuple) -> str:
@@ -393,8 +403,10 @@ class AdaptiveDrafter(NGramPredictor):
         return best
 
     def _ngram(self, keys: list[int]) -> tuple[int, tuple, float] | None:
-        """(token, bucket, q) from the request's tables, or from memory's when it is the more
-        likely to be right; `keys` are the context's (see `context_keys`)."""
+        """(token, bucket, q) from the request's tables or from memory's; `keys` are the context's
+        (see `context_keys`). When both know the context but disagree, each one's token is weighed
+        by the counts of both (see `_support`): memory knows more text, the request's own is more
+        to the point."""
         best = None
         n = len(keys)
         # lookup_keys and the bucket, inlined: this runs for every position drafted from n-grams.
@@ -405,11 +417,18 @@ class AdaptiveDrafter(NGramPredictor):
                     if entry is not None:  # bucket: order, share of the context's counts, count
                         c = entry[1]
                         share = c / entry[3]
-                        bucket = (_ONCE if c == 1 and kind == "ngram" else kind, k if k < 4 else 4,
+                        own = kind == "ngram"
+                        bucket = (_ONCE if c == 1 and own else kind, k if k < 4 else 4,
                                   2 if share >= 0.8 else 1 if share >= 0.5 else 0, c if c < 4 else 4)
-                        q = calibration.q(bucket)
-                        if best is None or q > best[2]:
-                            best = (entry[0], bucket, q)
+                        pick = (entry[0], bucket, calibration.q(bucket))
+                        if best is None:
+                            best, known = pick, (entry, k + own)
+                        elif pick[0] == best[0]:
+                            if pick[2] > best[2]:
+                                best = pick
+                        elif (_support(pick[0], entry, k + own, *known)
+                              > _support(best[0], entry, k + own, *known)):
+                            best = pick
                         break
         return best
 

@@ -106,6 +106,22 @@ def test_ngrams_seen_once_are_rescaled_apart_from_the_others():
     assert d._ngram(context_keys([20, 21, 22], 3))[2] == often[2]
 
 
+@pytest.mark.parametrize("seen_in_memory, expected", [(2, 13), (10, 99)])
+def test_when_the_request_and_memory_disagree_the_counts_of_both_decide(seen_in_memory, expected):
+    # The request saw (10, 11, 12) -> 13 once; memory saw it followed by 99 two or ten times.
+    # A 3-token context weighs 2^4, the request's own twice that; counts are smoothed by
+    # SUPPORT_SMOOTH = 2: 32*1/3 = 10.7 for 13, against 16*2/4 = 8 or 16*10/12 = 13.3 for 99.
+    # Memory's larger count alone used to win both.
+    mem = NGramMemory("m")
+    for _ in range(seen_in_memory):
+        mem.add([10, 11, 12, 99])
+    d = AdaptiveDrafter(memory=mem)
+    d.update_batch([10, 11, 12, 13, 5])
+    picked = d._ngram(context_keys([10, 11, 12], 3))
+    assert picked[0] == expected
+    assert picked[1][0] == ("ngram1" if expected == 13 else "memory")  # its own source's q
+
+
 def _renamed(seed=2):
     """Random 'code' in which token 7 occurs every 40 tokens, and the output: all of it, with 7
     renamed to 8."""
