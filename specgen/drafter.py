@@ -14,7 +14,8 @@ Evidence, in order of preference:
   substituted while copying; after a token that copies keep breaking at (where the output inserts
   lines), copying on is judged less likely;
 - n-gram predictions: the request's own tables (the mission's FNV-hashed 2-4-gram tables over
-  the window), or memory's tables of earlier outputs when they are more likely to be right.
+  the window), or memory's tables of earlier outputs; when the two disagree, the counts of
+  both decide.
 q starts from a coarse prior per kind of evidence; each request rescales the odds of each kind
 by how its drafts have fared so far, so edits and chat settle at different levels quickly.
 """

@@ -38,7 +38,7 @@ def context_keys(tokens: list[int], longest: int) -> list[int]:
 
 def keys_along(tokens: list[int], start: int, longest: int) -> list[list[int]]:
     """context_keys(tokens[:i], longest) for every i from `start` on, all positions hashed at once
-    (numpy's uint64 arithmetic wraps modulo 2^64 as FNV-1a does): prompts are fed thousands at a time."""
+    (numpy's uint64 arithmetic wraps modulo 2^64 as FNV-1a's does): prompts come thousands at a time."""
     early = range(start, min(longest, len(tokens)))  # positions with a shorter context
     out = [context_keys(tokens[:i], longest) for i in early]
     first = max(start, longest)

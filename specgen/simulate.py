@@ -198,8 +198,7 @@ def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[],
     report = FileReport(file=path)
     start = time.perf_counter()
     # What lives through the replays (modules, traces, the memory's tables) is frozen out of the
-    # collector's full passes, which would otherwise walk it again and again at the drafter's
-    # expense: a fifth of its time at defaults, half of it with a large memory.
+    # collector's full passes, which would otherwise walk it again and again, timed as the drafter's.
     gc.freeze()
     try:
         for tr in traces:
