@@ -124,13 +124,12 @@ def remember(index: dict[int, list[int]], key: int, pos: int) -> None:
             del where[0]
 
 
-def _support(token: int, entry: list, weight: int, other: list, other_weight: int) -> float:
-    """How strongly two n-gram entries back `token` when their sources disagree: each entry's
-    share of its context's counts (SUPPORT_SMOOTH pseudo-counts keep a context seen once from
-    being sure), doubled per token of context, and once more for the request's own table
-    (`weight` = order, plus 1 if own)."""
-    return ((1 << weight) * entry[2].get(token, 0) / (entry[3] + SUPPORT_SMOOTH)
-            + (1 << other_weight) * other[2].get(token, 0) / (other[3] + SUPPORT_SMOOTH))
+def _margin(entry: list, weight: int, rival: int) -> float:
+    """How much more an n-gram entry backs its own best token than the `rival` another source
+    proposes: the difference in counts as a share of the context's (SUPPORT_SMOOTH pseudo-counts
+    keep a context seen once from being sure), doubled per token of context and once more for
+    the request's own table (`weight` = order, plus 1 if own). The larger margin wins."""
+    return (1 << weight) * (entry[1] - entry[2].get(rival, 0)) / (entry[3] + SUPPORT_SMOOTH)
 
 
 def _kind(bucket: tuple) -> str:
@@ -406,7 +405,7 @@ class AdaptiveDrafter(NGramPredictor):
     def _ngram(self, keys: list[int]) -> tuple[int, tuple, float] | None:
         """(token, bucket, q) from the request's tables or from memory's; `keys` are the context's
         (see `context_keys`). When both know the context but disagree, each one's token is weighed
-        by the counts of both (see `_support`): memory knows more text, the request's own is more
+        by the counts of both (see `_margin`): memory knows more text, the request's own is more
         to the point."""
         best = None
         n = len(keys)
@@ -427,8 +426,7 @@ class AdaptiveDrafter(NGramPredictor):
                         elif pick[0] == best[0]:
                             if pick[2] > best[2]:
                                 best = pick
-                        elif (_support(pick[0], entry, k + own, *known)
-                              > _support(best[0], entry, k + own, *known)):
+                        elif _margin(entry, k + own, best[0]) > _margin(*known, pick[0]):
                             best = pick
                         break
         return best
