@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from .memory import cache_dir
+from .report import queued_ahead
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that are timed
 CONTEXT = 128  # tokens in the cache while timing (a short prompt's worth)
@@ -223,11 +224,6 @@ def describe(curve: dict[int, float], overlap: float | None = None) -> str:
     if ahead is not None:
         text += f"; {queued_ahead(ahead)} (saves {overlap:.0%})"
     return text
-
-
-def queued_ahead(after: int) -> str:
-    """How a pipeline_after policy reads in reports (run's summary, bench's and simulate's titles)."""
-    return f"plain steps queued ahead after {after} silent {'one' if after == 1 else 'ones'}"
 
 
 def model_cost(loaded, *, recalibrate: bool = False):

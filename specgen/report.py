@@ -8,13 +8,16 @@ from rich.console import Console
 from rich.table import Table
 
 
+def queued_ahead(after: int) -> str:
+    """How a pipeline_after policy reads in reports (run's summary, bench's and simulate's titles)."""
+    return f"plain steps queued ahead after {after} silent {'one' if after == 1 else 'ones'}"
+
+
 def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool,
                    pipeline_after: int | None = None, overlap: float = 0.0) -> None:
     """One row per file and per category within it."""
     title = f"drafter {draft_mode}, verify cost 1 + {beta} x drafted" + (", memory on" if memory else "")
     if pipeline_after is not None:
-        from .calibrate import queued_ahead
-
         title += f", {queued_ahead(pipeline_after)}"
     if overlap:
         title += f", queuing ahead saves {overlap:.0%} (mlx-lm queues every step)"
