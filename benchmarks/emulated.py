@@ -106,7 +106,7 @@ def main():
         predicted = Tally()
         for prompt, output in picked:
             drafter = make_drafter(None, cost=cost, memory=mem and mem.reader())[0]
-            predicted.add(replay(prompt, output, drafter, draft=MAX_DRAFT, beta=0.0, cost=cost))
+            predicted.add(replay(prompt, output, drafter, draft=MAX_DRAFT, cost=cost))
         ratios, d0_ratios, base_tps, spec_tps = [], [], [], []
         tokens = steps = 0
         identical = True

@@ -71,7 +71,7 @@ class FileReport:
                 "categories": {c: t.to_dict() for c, t in sorted(self.categories.items())}}
 
 
-def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: float,
+def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: float = defaults.BETA,
            max_tokens: int | None = None, context_length: int | None = None,
            pipeline_after: int | None = None, overlap: float = 0.0,
            cost: Callable[[int], float] | None = None) -> Tally:
