@@ -9,7 +9,8 @@ drafts; long copies get long ones.
 Evidence, in order of preference:
 - a copy: the last COPY_KEY tokens occurred before (prompt or output, or with memory, an earlier
   output); the draft continues from the occurrence with the longest backward match, as far as
-  the source goes; right after a copy breaks, it realigns near where the copy left off;
+  the source goes; after a copy breaks, it realigns where the output resumes the source
+  (after text it replaced, or inserted at the break);
   a token the output keeps putting in place of the source's (a rename, a re-indented block) is
   substituted while copying; after a token that copies keep breaking at (where the output inserts
   lines), copying on is judged less likely;
@@ -33,7 +34,11 @@ COPY_CANDIDATES = 16  # earlier occurrences remembered per context; the longest 
 MATCH_CAP = 128  # longest backward match measured
 AGREE_BELOW = 16  # below this match length, ask the n-gram tables for a second opinion
 MIN_P = 0.05  # stop extending a draft once the chance that all of it is accepted falls below this
-REALIGN_SPAN = (-2, 12)  # after a copy breaks, look for the last token this close to where it was
+# After a copy breaks, the output resumes the source either where the tokens it has emitted since
+# put it (it replaced as many as it wrote) or at the break (it inserted text): look for the last
+# token from this far before the break to this far after the first, nearest the first. A wider
+# span finds more resumptions but more chance matches of a common token.
+REALIGN_SPAN = (-2, 4)
 REALIGN_STEPS = 6  # steps after a broken copy during which realigning is tried
 SUBST_SEEN = 2  # times the output must have replaced a source token before copies substitute it
 HAZARD_SHRINK = 10.0  # judged copies after a token before its own break rate outweighs the usual
@@ -283,7 +288,9 @@ class AdaptiveDrafter(NGramPredictor):
         self._seen: dict[int, list[int]] = {}  # context hash -> positions of the tokens that followed
         self._last: tuple[list[int], list[tuple], int | None] | None = None  # drafts, buckets, source
         self._anchor: int | None = None  # source position aligned with the end, while copying
-        self._near: tuple[int, int] | None = None  # (realign position, steps left) after a broken copy
+        # After a broken copy: (source position if the output replaced what it wrote since, steps
+        # left, source position right after the break).
+        self._near: tuple[int, int, int] | None = None
         self.substitutions = Substitutions()
         self.hazards = Hazards()
         self._ngram_sources = [("ngram", self.by_order, self.calibration)]  # see _ngram
@@ -312,8 +319,8 @@ class AdaptiveDrafter(NGramPredictor):
         if self._anchor is not None:  # output and source advance together
             self._anchor += len(tokens)
         if self._near is not None:
-            pos, left = self._near
-            self._near = (pos + len(tokens), left - 1) if left > 1 else None
+            pos, left, broke = self._near
+            self._near = (pos + len(tokens), left - 1, broke) if left > 1 else None
         if tokens:
             self.substitutions.resumed(self._all, tokens[0])
         if self._last is not None:
@@ -336,7 +343,7 @@ class AdaptiveDrafter(NGramPredictor):
             if src is not None:
                 self._anchor = src + len(tokens)
                 if n < len(drafts):  # the copy broke at draft n; the source continues near here
-                    self._near = (self._anchor, REALIGN_STEPS)
+                    self._near = (self._anchor, REALIGN_STEPS, self._anchor)
                     if n < len(tokens) and src + n < len(self._all):
                         self.substitutions.broke(src + n, self._all[src + n], tokens[n],
                                                  buckets[n][0] == "subst")
@@ -367,10 +374,11 @@ class AdaptiveDrafter(NGramPredictor):
             return (toks, *best)
         if self._near is not None:
             last = toks[-1]
-            pos = self._near[0]
-            for p in range(max(pos + REALIGN_SPAN[0], 1), min(pos + REALIGN_SPAN[1], len(toks) - 1)):
-                if toks[p - 1] == last:
-                    return toks, p, -1
+            pos, _, broke = self._near
+            found = [p for p in range(max(broke + REALIGN_SPAN[0], 1),
+                                      min(pos + REALIGN_SPAN[1], len(toks) - 1)) if toks[p - 1] == last]
+            if found:
+                return toks, min(found, key=lambda p: abs(p - pos)), -1
         return None
 
     def _longest_match(self, seq: list[int], candidates) -> tuple[int, int] | None:

@@ -170,35 +170,54 @@ def test_copies_draft_the_substitute_once_it_has_been_accepted():
     assert len(drafts) > 10 and drafts == renamed[100:100 + len(drafts)]  # 8 first, then the copy
 
 
+def _realignments(source, out):
+    """(drafted, accepted) of each step of a replay of `out` that realigns after a broken copy."""
+    d, found = AdaptiveDrafter(), []
+    predict, update_batch = d.predict, d.update_batch
+
+    def spied_predict(n):
+        drafts = predict(n)
+        if drafts and d._last[1][0][0] == "realign":
+            found.append([len(drafts), None])
+        return drafts
+
+    def spied_update(tokens):
+        if found and found[-1][1] is None:
+            found[-1][1] = len(tokens) - 1  # a step emits what it accepted plus one
+        update_batch(tokens)
+
+    d.predict, d.update_batch = spied_predict, spied_update
+    replay(source, out, d, draft=64, beta=0.08)
+    return [tuple(f) for f in found]
+
+
+def _random_source(seed=5, n=300):
+    rng = random.Random(seed)
+    return [rng.randrange(9, 30000) for _ in range(n)]
+
+
 def test_a_realignment_is_trusted_further_once_its_first_token_holds(monkeypatch):
-    rng = random.Random(5)
-    source = [rng.randrange(9, 30000) for _ in range(300)]
+    source = _random_source()
     out = source[:60] + [31000] + source[60:150] + [31001] + source[150:]  # two inserted tokens
-
-    def realignments():
-        """(drafted, accepted) of each step of a replay that realigns after a broken copy."""
-        d, found = AdaptiveDrafter(), []
-        predict, update_batch = d.predict, d.update_batch
-
-        def spied_predict(n):
-            drafts = predict(n)
-            if drafts and d._last[1][0][0] == "realign":
-                found.append([len(drafts), None])
-            return drafts
-
-        def spied_update(tokens):
-            if found and found[-1][1] is None:
-                found[-1][1] = len(tokens) - 1  # a step emits what it accepted plus one
-            update_batch(tokens)
-
-        d.predict, d.update_batch = spied_predict, spied_update
-        replay(source, out, d, draft=64, beta=0.08)
-        return [tuple(f) for f in found]
-
-    assert realignments() == [(10, 10), (16, 16)]
+    assert _realignments(source, out) == [(10, 10), (16, 16)]
     monkeypatch.setattr(D, "_REALIGN_PRIOR", (0.35,) * 4)  # one prior for every position
     monkeypatch.setattr(D, "_PRIOR_ODDS", {})
-    assert realignments() == [(3, 3), (5, 5)]
+    assert _realignments(source, out) == [(3, 3), (5, 5)]
+
+
+def test_after_inserted_text_the_copy_resumes_where_it_broke():
+    # Three new tokens before source[60]: once source[60] follows them, the copy realigns at
+    # once, without waiting for COPY_KEY tokens of context to find it again.
+    source = _random_source()
+    out = source[:60] + [31000, 31001, 31002] + source[60:]
+    assert _realignments(source, out) == [(10, 10)]
+
+
+def test_a_realignment_starts_nearest_where_the_output_has_put_the_source():
+    source = _random_source()
+    source[58] = source[61]  # a decoy: the token after the replaced one also occurs just before it
+    out = source[:60] + [31000] + source[61:]  # source[60] replaced
+    assert _realignments(source, out) == [(10, 10)]
 
 
 def test_hazards_lower_the_odds_only_after_tokens_that_copies_break_after():
