@@ -196,7 +196,7 @@ def simulate(
     ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
     window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
     beta: float = typer.Option(defaults.BETA, "--beta", help="Verify cost per drafted token, relative to one forward pass."),
-    memory: bool = typer.Option(False, "--memory", help="Replay the traces in order into one memory that starts empty."),
+    memory: bool = typer.Option(False, "--memory", help="Replay each file's traces in order into a memory of its own that starts empty (a file is one model's outputs)."),
     pipeline_after: Optional[int] = typer.Option(None, "--pipeline-after", show_default=False,
                                                  help="Replay as run does where queuing plain steps ahead pays: after N silent drafter steps, a step drafts nothing."),
     overlap: float = typer.Option(0.0, "--overlap",
@@ -219,15 +219,17 @@ def simulate(
         raise SpecgenError(f"--overlap must be at least 0 and below 1 (got {overlap})")
     _, cap, mode = make_drafter(draft, max_order=ngram_order, window=window)  # fails early if bad
     encode = load_tokenizer(tokenizer) if tokenizer else None
-    mem = NGramMemory("simulate", max_order=ngram_order) if memory else None
     cost = drafting_cost(linear_cost(beta), overlap, pipeline_after)  # as run's, for this policy
 
-    def fresh():
-        return make_drafter(draft, max_order=ngram_order, window=window, cost=cost, memory=mem)[0]
+    def replay_file(path):
+        # A memory holds one model's outputs, as run's does: files (models) do not share one.
+        mem = NGramMemory("simulate", max_order=ngram_order) if memory else None
+        return simulate_file(
+            path, read_traces(path, encode),
+            lambda: make_drafter(draft, max_order=ngram_order, window=window, cost=cost, memory=mem)[0],
+            draft=cap, beta=beta, memory=mem, pipeline_after=pipeline_after, overlap=overlap)
 
-    reports = [simulate_file(path, read_traces(path, encode), fresh, draft=cap, beta=beta, memory=mem,
-                             pipeline_after=pipeline_after, overlap=overlap)
-               for path in traces]
+    reports = [replay_file(path) for path in traces]
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
         return

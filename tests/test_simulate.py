@@ -339,6 +339,9 @@ def test_memory_carries_phrases_across_traces(tmp_path):
     off = json.loads(runner.invoke(app, ["simulate", f, "--json"]).stdout)[0]
     on = json.loads(runner.invoke(app, ["simulate", f, "--json", "--memory"]).stdout)[0]
     assert on["steps"] < off["steps"] and on["tokens_per_step"] > 2 * off["tokens_per_step"]
+    # Each file is one model's outputs: the second file starts from an empty memory of its own.
+    first, second = json.loads(runner.invoke(app, ["simulate", f, f, "--json", "--memory"]).stdout)
+    assert first["steps"] == second["steps"] == on["steps"]
 
 
 def test_memory_file_round_trips_and_is_bounded(tmp_path):
