@@ -9,7 +9,8 @@ drafts; long copies get long ones.
 Evidence, in order of preference:
 - a copy: the last COPY_KEY tokens occurred before (prompt or output, or with memory, an earlier
   output); the draft continues from the occurrence with the longest backward match, as far as
-  the source goes; after a copy breaks, it realigns where the output resumes the source
+  the source goes (a copy the output has followed since it began is trusted like a long
+  match); after a copy breaks, it realigns where the output resumes the source
   (after text it replaced, or inserted at the break);
   a token the output keeps putting in place of the source's (a rename, a re-indented block) is
   substituted while copying; after a token that copies keep breaking at (where the output inserts
@@ -32,6 +33,9 @@ from .predictor import NGramPredictor, context_keys
 COPY_KEY = 4  # tokens of context that locate an earlier occurrence to copy from
 COPY_CANDIDATES = 16  # earlier occurrences remembered per context; the longest backward match wins
 MATCH_CAP = 128  # longest backward match measured
+# Output tokens at its start that a copy may miss and still count as copying all of the output
+# (tokenizers spell an output's first token apart, e.g. with a leading space).
+START_SLACK = 1
 AGREE_BELOW = 16  # below this match length, ask the n-gram tables for a second opinion
 MIN_P = 0.05  # stop extending a draft once the chance that all of it is accepted falls below this
 # After a copy breaks, the output resumes the source either where the tokens it has emitted since
@@ -293,6 +297,7 @@ class AdaptiveDrafter(NGramPredictor):
         self._near: tuple[int, int, int] | None = None
         self.substitutions = Substitutions()
         self.hazards = Hazards()
+        self._start: int | None = None  # where the output begins: tokens fed before the first draft
         self._ngram_sources = [("ngram", self.by_order, self.calibration)]  # see _ngram
         if memory is not None:
             self._ngram_sources.append(("memory", memory.tables.by_order, memory.calibration))
@@ -446,9 +451,11 @@ class AdaptiveDrafter(NGramPredictor):
 
     def predict(self, n: int) -> list[int]:
         """Up to `n` drafted tokens: the length that maximises expected tokens per unit of cost."""
+        toks = self._all
+        if self._start is None:
+            self._start = len(toks)
         if n <= 0:
             return []
-        toks = self._all
         drafts: list[int] = []
         buckets: list[tuple] = []
         gain = 0.0  # P_1 + ... + P_k for the drafts so far
@@ -467,6 +474,11 @@ class AdaptiveDrafter(NGramPredictor):
         if src is not None:
             seq, pos, match = src
             own = seq is toks
+            out = len(toks) - self._start
+            if own and out >= COPY_KEY and match >= out - START_SLACK:
+                # The output has copied this source since it began (a rewrite of the prompt's
+                # code): that holds like a long match, not like a short one found by chance.
+                match = MATCH_CAP + 1
             kind = "copy" if own else "mcopy"
             cont = own and pos == self._anchor  # the copy the last step was following
             subst = self.substitutions.forward

@@ -153,10 +153,10 @@ def test_copies_read_through_a_rename(monkeypatch):
     code, renamed = _renamed()
     d = AdaptiveDrafter()
     t = replay(code, renamed, d, draft=64, beta=0.08)
-    assert (t.steps, t.drafted, t.accepted) == (21, 438, 379)
+    assert (t.steps, t.drafted, t.accepted) == (20, 417, 380)
     assert d.substitutions.forward == {7: 8}
     monkeypatch.setattr(D, "SUBST_SEEN", 10**9)
-    assert replay(code, renamed, AdaptiveDrafter(), draft=64, beta=0.08).steps == 34
+    assert replay(code, renamed, AdaptiveDrafter(), draft=64, beta=0.08).steps == 30
 
 
 def test_copies_draft_the_substitute_once_it_has_been_accepted():
@@ -170,25 +170,29 @@ def test_copies_draft_the_substitute_once_it_has_been_accepted():
     assert len(drafts) > 10 and drafts == renamed[100:100 + len(drafts)]  # 8 first, then the copy
 
 
-def _realignments(source, out):
-    """(drafted, accepted) of each step of a replay of `out` that realigns after a broken copy."""
-    d, found = AdaptiveDrafter(), []
+def _steps(prompt, out):
+    """(kind of evidence of the first draft, or None, drafted, accepted) of each step of a replay."""
+    d, steps = AdaptiveDrafter(), []
     predict, update_batch = d.predict, d.update_batch
 
     def spied_predict(n):
         drafts = predict(n)
-        if drafts and d._last[1][0][0] == "realign":
-            found.append([len(drafts), None])
+        steps.append([d._last[1][0][0] if drafts else None, len(drafts), None])
         return drafts
 
     def spied_update(tokens):
-        if found and found[-1][1] is None:
-            found[-1][1] = len(tokens) - 1  # a step emits what it accepted plus one
+        if steps and steps[-1][2] is None:
+            steps[-1][2] = len(tokens) - 1  # a step emits what it accepted plus one
         update_batch(tokens)
 
     d.predict, d.update_batch = spied_predict, spied_update
-    replay(source, out, d, draft=64, beta=0.08)
-    return [tuple(f) for f in found]
+    replay(prompt, out, d, draft=64, beta=0.08)
+    return [tuple(step) for step in steps]
+
+
+def _realignments(source, out):
+    """(drafted, accepted) of each step of a replay of `out` that realigns after a broken copy."""
+    return [(drafted, accepted) for kind, drafted, accepted in _steps(source, out) if kind == "realign"]
 
 
 def _random_source(seed=5, n=300):
@@ -199,10 +203,10 @@ def _random_source(seed=5, n=300):
 def test_a_realignment_is_trusted_further_once_its_first_token_holds(monkeypatch):
     source = _random_source()
     out = source[:60] + [31000] + source[60:150] + [31001] + source[150:]  # two inserted tokens
-    assert _realignments(source, out) == [(10, 10), (16, 16)]
+    assert _realignments(source, out) == [(4, 4), (11, 11)]
     monkeypatch.setattr(D, "_REALIGN_PRIOR", (0.35,) * 4)  # one prior for every position
     monkeypatch.setattr(D, "_PRIOR_ODDS", {})
-    assert _realignments(source, out) == [(3, 3), (5, 5)]
+    assert _realignments(source, out) == [(2, 2), (3, 3)]
 
 
 def test_after_inserted_text_the_copy_resumes_where_it_broke():
@@ -210,14 +214,29 @@ def test_after_inserted_text_the_copy_resumes_where_it_broke():
     # once, without waiting for COPY_KEY tokens of context to find it again.
     source = _random_source()
     out = source[:60] + [31000, 31001, 31002] + source[60:]
-    assert _realignments(source, out) == [(10, 10)]
+    assert _realignments(source, out) == [(4, 4)]
 
 
 def test_a_realignment_starts_nearest_where_the_output_has_put_the_source():
     source = _random_source()
     source[58] = source[61]  # a decoy: the token after the replaced one also occurs just before it
     out = source[:60] + [31000] + source[61:]  # source[60] replaced
-    assert _realignments(source, out) == [(10, 10)]
+    assert _realignments(source, out) == [(4, 4)]
+
+
+def test_an_output_that_has_copied_its_source_from_the_start_drafts_as_from_a_long_match(monkeypatch):
+    code = _random_source()
+    prompt = [1, 2, 3] + code + [4, 5]
+    out = [31000] + code[1:]  # a rewrite of the prompt's code, its first token spelled apart
+
+    def draft_lengths():
+        return [drafted for _, drafted, _ in _steps(prompt, out)]
+
+    # Nothing to copy until 4 tokens are out (2 drafted from the tables): then the backward match
+    # is only 4 tokens long, but it covers the whole output so far.
+    assert draft_lengths()[:4] == [0, 0, 2, 23]
+    monkeypatch.setattr(D, "START_SLACK", -10**6)  # judged by its length alone
+    assert draft_lengths()[:4] == [0, 0, 2, 6]
 
 
 def test_hazards_lower_the_odds_only_after_tokens_that_copies_break_after():
