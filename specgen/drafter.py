@@ -10,7 +10,8 @@ Evidence, in order of preference:
 - a copy: the last COPY_KEY tokens occurred before (prompt or output, or with memory, an earlier
   output); the draft continues from the occurrence with the longest backward match, as far as
   the source goes (a copy the output has followed since it began is trusted like a long
-  match); after a copy breaks, it realigns where the output resumes the source
+  match, and before the output is COPY_KEY tokens long, what it has written so far, found once in
+  the prompt, starts one); after a copy breaks, it realigns where the output resumes the source
   (after text it replaced, or inserted at the break);
   a token the output keeps putting in place of the source's (a rename, a re-indented block) is
   substituted while copying; after a token that copies keep breaking at (where the output inserts
@@ -377,6 +378,13 @@ class AdaptiveDrafter(NGramPredictor):
                 return (self.memory.stream, *mem)
         if best is not None:
             return (toks, *best)
+        start = self._start
+        if start + START_SLACK < len(toks) <= start + COPY_KEY:
+            # Too little output for a key: what it has written (but its first START_SLACK tokens),
+            # found once in the prompt, may be the start of a rewrite; drafted as the shortest match.
+            pos = self._once_in_prompt(toks[start + START_SLACK:])
+            if pos is not None:
+                return toks, pos, COPY_KEY
         if self._near is not None:
             last = toks[-1]
             pos, _, broke = self._near
@@ -385,6 +393,24 @@ class AdaptiveDrafter(NGramPredictor):
             if found:
                 return toks, min(found, key=lambda p: abs(p - pos)), -1
         return None
+
+    def _once_in_prompt(self, tail: list[int]) -> int | None:
+        """The position after `tail` in the prompt if it occurs there exactly once, else None."""
+        toks, m = self._all, len(tail)
+        end = self._start - m  # occurrences begin before this, so that a prompt token follows
+        if end <= 0:
+            return None  # (list.index would count a negative end from the list's end)
+        found, p = None, 0
+        while True:
+            try:
+                p = toks.index(tail[0], p, end)
+            except ValueError:
+                return found
+            if toks[p:p + m] == tail:
+                if found is not None:
+                    return None
+                found = p + m
+            p += 1
 
     def _longest_match(self, seq: list[int], candidates) -> tuple[int, int] | None:
         """(position, match) of the candidate whose preceding tokens match the end the longest."""

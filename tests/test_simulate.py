@@ -224,19 +224,25 @@ def test_a_realignment_starts_nearest_where_the_output_has_put_the_source():
     assert _realignments(source, out) == [(4, 4)]
 
 
-def test_an_output_that_has_copied_its_source_from_the_start_drafts_as_from_a_long_match(monkeypatch):
+def test_an_output_that_rewrites_the_prompt_copies_it_from_its_first_tokens(monkeypatch):
     code = _random_source()
-    prompt = [1, 2, 3] + code + [4, 5]
     out = [31000] + code[1:]  # a rewrite of the prompt's code, its first token spelled apart
 
-    def draft_lengths():
-        return [drafted for _, drafted, _ in _steps(prompt, out)]
+    def draft_lengths(prompt):
+        return [drafted for _, drafted, _ in _steps(prompt, out)][:4]
 
-    # Nothing to copy until 4 tokens are out (2 drafted from the tables): then the backward match
-    # is only 4 tokens long, but it covers the whole output so far.
-    assert draft_lengths()[:4] == [0, 0, 2, 23]
-    monkeypatch.setattr(D, "START_SLACK", -10**6)  # judged by its length alone
-    assert draft_lengths()[:4] == [0, 0, 2, 6]
+    prompt = [1, 2, 3] + code + [4, 5]
+    # Its second token occurs once in the prompt: the copy starts there (as the shortest match),
+    # and once it has been followed since the output began, it drafts as a long match.
+    assert draft_lengths(prompt) == [0, 0, 6, 34]
+    # Where that token occurs twice, the copy waits for the third to tell where it starts.
+    assert draft_lengths(prompt[:-1] + [code[1], 5]) == [0, 0, 1, 6]
+    monkeypatch.setattr(AdaptiveDrafter, "_once_in_prompt", lambda self, tail: None)
+    # A copy found by its key once 4 tokens are out: its backward match is only 4 tokens long,
+    # but it covers the whole output so far.
+    assert draft_lengths(prompt) == [0, 0, 2, 23]
+    monkeypatch.setattr(D, "START_SLACK", -10**6)  # judged by its match length alone
+    assert draft_lengths(prompt) == [0, 0, 2, 6]
 
 
 def test_hazards_lower_the_odds_only_after_tokens_that_copies_break_after():
