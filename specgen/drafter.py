@@ -40,9 +40,9 @@ START_SLACK = 1
 AGREE_BELOW = 16  # below this match length, ask the n-gram tables for a second opinion
 MIN_P = 0.05  # stop extending a draft once the chance that all of it is accepted falls below this
 # After a copy breaks, the output resumes the source either where the tokens it has emitted since
-# put it (it replaced as many as it wrote) or at the break (it inserted text): look for the last
-# token from this far before the break to this far after the first, nearest the first. A wider
-# span finds more resumptions but more chance matches of a common token.
+# put it (it replaced as many as it wrote) or at the break (it inserted text): look for its last
+# token from this far before the break to this far after the first place, nearest the first place.
+# A wider span finds more resumptions but more chance matches of a common token.
 REALIGN_SPAN = (-2, 4)
 REALIGN_STEPS = 6  # steps after a broken copy during which realigning is tried
 SUBST_SEEN = 2  # times the output must have replaced a source token before copies substitute it
@@ -360,8 +360,9 @@ class AdaptiveDrafter(NGramPredictor):
         keys of the current context (see `context_keys`).
 
         The longest match in the request's own text (read through the substitutions the output
-        makes) or in memory (searched only when the request's own match is short), else a
-        realignment after a broken copy.
+        makes) or in memory (searched only when the request's own match is short), else, while
+        the output is too short for a key, where the prompt has what it wrote, else a realignment
+        after a broken copy.
         """
         toks = self._all
         if len(toks) < COPY_KEY:
