@@ -25,7 +25,6 @@ from mlx_lm.models import llama
 
 from specgen.bench import mlx_lm_tokens, specgen_tokens
 from specgen.calibrate import blas, cost_function, describe, measure, relative
-from specgen.defaults import MAX_DRAFT
 from specgen.drafter import make_drafter
 from specgen.memory import NGramMemory
 from specgen.simulate import Tally, load_tokenizer, replay
@@ -101,12 +100,16 @@ def main():
             for i, row in enumerate(rows):
                 if i not in used:
                     mem.add(enc(row["output"]))
+
+        def adaptive():  # (drafter, cap) as run makes them, each with its own view of the memory
+            return make_drafter(None, cost=cost, memory=mem and mem.reader())[:2]
+
         # What these traces predict with the same drafter and curve and no overhead (`simulate`'s
         # replay): the gap to the measured speedup is what the loop and unqueued steps cost.
         predicted = Tally()
         for prompt, output in picked:
-            drafter = make_drafter(None, cost=cost, memory=mem and mem.reader())[0]
-            predicted.add(replay(prompt, output, drafter, draft=MAX_DRAFT, cost=cost))
+            drafter, cap = adaptive()
+            predicted.add(replay(prompt, output, drafter, draft=cap, cost=cost))
         ratios, d0_ratios, base_tps, spec_tps = [], [], [], []
         tokens = steps = 0
         identical = True
@@ -123,8 +126,7 @@ def main():
                         n_base += n
                     elif who == "spec":
                         spec_out, st, secs = specgen_tokens(forced, prompt, len(output), frozenset(),
-                                                            lambda: make_drafter(None, cost=cost,
-                                                                                memory=mem and mem.reader())[:2], None)
+                                                            adaptive, None)
                         t_spec += secs
                         n_spec += len(spec_out)
                         if r == 0:
