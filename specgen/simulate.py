@@ -94,8 +94,9 @@ def replay(prompt: list[int], output: list[int], drafter, *, draft: int, beta: f
     silent = 0  # steps in a row for which the drafter had nothing
     ahead = False  # this step was queued ahead (see decode.generate): it drafts nothing
     while i < len(output):
+        room = draft_room(draft, len(prompt) + i, end, context_length)
         t0 = clock()
-        drafts = drafter.predict(draft_room(draft, len(prompt) + i, end, context_length))
+        drafts = drafter.predict(room)
         spent += clock() - t0
         silent = 0 if drafts else silent + 1
         if ahead:
