@@ -142,6 +142,17 @@ def _margin(entry: list, weight: int, rival: int) -> float:
     return (1 << weight) * (entry[1] - entry[2].get(rival, 0)) / (entry[3] + SUPPORT_SMOOTH)
 
 
+def _judged(entry: list, order: int, source: tuple) -> tuple[int, tuple, float]:
+    """(token, bucket, q) for an n-gram table entry found at `order` in one of `_ngram`'s sources.
+    The bucket: kind, order, share of the context's counts, best count."""
+    kind, _, calibration, own = source
+    c = entry[1]
+    share = c / entry[3]
+    bucket = (_ONCE if c == 1 and own else kind, order if order < 4 else 4,
+              2 if share >= 0.8 else 1 if share >= 0.5 else 0, c if c < 4 else 4)
+    return entry[0], bucket, calibration.q(bucket)
+
+
 def _kind(bucket: tuple) -> str:
     """Which rescaling a bucket shares. Realigning is a kind of copy; copies with a backward match
     of 32 or more are rescaled apart: they break where the output edits the source, shorter ones
@@ -155,7 +166,14 @@ def _kind(bucket: tuple) -> str:
     return kind
 
 
-_PRIOR_ODDS: dict[tuple, tuple[float, str]] = {}  # bucket -> (prior odds, kind): priors are fixed
+_PRIOR_ODDS: dict[tuple, tuple[float, float, str]] = {}  # bucket -> (prior, its odds, kind)
+
+
+def _prior_odds(bucket: tuple) -> tuple[float, float, str]:
+    """(prior, prior odds, kind) of a bucket, remembered: priors are fixed."""
+    p = prior(bucket)
+    found = _PRIOR_ODDS[bucket] = (p, p / (1.0 - p), _kind(bucket))
+    return found
 
 
 class Calibration:
@@ -173,9 +191,9 @@ class Calibration:
 
     def record(self, bucket: tuple, hit: bool) -> None:
         """Count one judged draft token."""
-        kind = _kind(bucket)
+        p, _, kind = _PRIOR_ODDS.get(bucket) or _prior_odds(bucket)
         acc, exp, n = self.counts.get(kind, (0.0, 0.0, 0))
-        self.set_counts(kind, [acc + hit, exp + prior(bucket), n + 1])
+        self.set_counts(kind, [acc + hit, exp + p, n + 1])
 
     def set_counts(self, kind: str, counts: list) -> None:
         """Set [accepted, expected, judged] for a kind and rescale its odds."""
@@ -186,11 +204,8 @@ class Calibration:
 
     def q(self, bucket: tuple) -> float:
         """The acceptance chance for a bucket: its prior with its kind's odds rescaled."""
-        found = _PRIOR_ODDS.get(bucket)
-        if found is None:
-            p = prior(bucket)
-            found = _PRIOR_ODDS[bucket] = (p / (1.0 - p), _kind(bucket))
-        odds = found[0] * self.scale.get(found[1], 1.0)
+        _, odds, kind = _PRIOR_ODDS.get(bucket) or _prior_odds(bucket)
+        odds *= self.scale.get(kind, 1.0)
         return odds / (1.0 + odds)
 
 
@@ -204,7 +219,8 @@ class Substitutions:
         self.forward: dict[int, int] = {}  # source token -> the output's token in its place
         self.back: dict[int, int] = {}  # and back
         self._confirmed: dict[int, tuple[int, int]] = {}  # source token -> (output's, times)
-        self._break: tuple[int, int, int] | None = None  # (source position, its token, output's)
+        # (source position, its token, output's) of a break whose next token is awaited
+        self.pending: tuple[int, int, int] | None = None
 
     def broke(self, pos: int, was: int, now: int, substituted: bool) -> None:
         """A copy broke at source position `pos`, whose token `was` the draft had (or, if
@@ -213,15 +229,15 @@ class Substitutions:
             if now == was:
                 self._forget(was)
         elif now != was:
-            self._break = (pos, was, now)
+            self.pending = (pos, was, now)
 
     def resumed(self, source: list[int], token: int) -> None:
         """`token` was emitted next: after a break, it confirms the substitution if the source
         had it next too."""
-        if self._break is None:
+        if self.pending is None:
             return
-        pos, was, now = self._break
-        self._break = None
+        pos, was, now = self.pending
+        self.pending = None
         if pos + 1 < len(source) and source[pos + 1] == token:
             old = self._confirmed.get(was)
             times = old[1] + 1 if old is not None and old[0] == now else 1
@@ -299,9 +315,10 @@ class AdaptiveDrafter(NGramPredictor):
         self.substitutions = Substitutions()
         self.hazards = Hazards()
         self._start: int | None = None  # where the output begins: tokens fed before the first draft
-        self._ngram_sources = [("ngram", self.by_order, self.calibration)]  # see _ngram
+        # (kind, tables, calibration, 1 if the request's own) for _ngram, in this order
+        self._ngram_sources = [("ngram", self.by_order, self.calibration, 1)]
         if memory is not None:
-            self._ngram_sources.append(("memory", memory.tables.by_order, memory.calibration))
+            self._ngram_sources.append(("memory", memory.tables.by_order, memory.calibration, 0))
 
     def update(self, token: int, keys: list[int] | None = None) -> list[int]:
         """Count `token` in the tables and remember where it followed its COPY_KEY-token context."""
@@ -327,7 +344,7 @@ class AdaptiveDrafter(NGramPredictor):
         if self._near is not None:
             pos, left, broke = self._near
             self._near = (pos + len(tokens), left - 1, broke) if left > 1 else None
-        if tokens:
+        if tokens and self.substitutions.pending:
             self.substitutions.resumed(self._all, tokens[0])
         if self._last is not None:
             drafts, buckets, src = self._last
@@ -368,13 +385,15 @@ class AdaptiveDrafter(NGramPredictor):
         if len(toks) < COPY_KEY:
             return None
         key = keys[COPY_KEY]
-        best = self._longest_match(toks, self._seen.get(key, ()))
+        found = self._seen.get(key)
+        best = self._longest_match(toks, found) if found else None
         back = self.substitutions.back
         if best is None and back and any(t in back for t in toks[-COPY_KEY:]):
             ctx = [back.get(t, t) for t in toks[-COPY_KEY:]]  # the context as the source has it
             best = self._longest_match(toks, self._seen.get(context_keys(ctx, COPY_KEY)[COPY_KEY], ()))
         if self.memory is not None and (best is None or best[1] < AGREE_BELOW):
-            mem = self._longest_match(self.memory.stream, self.memory.index.get(key, ()))
+            found = self.memory.index.get(key)
+            mem = self._longest_match(self.memory.stream, found) if found else None
             if mem is not None and (best is None or mem[1] > best[1]):
                 return (self.memory.stream, *mem)
         if best is not None:
@@ -446,30 +465,24 @@ class AdaptiveDrafter(NGramPredictor):
         """(token, bucket, q) from the request's tables or from memory's; `keys` are the context's
         (see `context_keys`). When both know the context but disagree, each one's token is weighed
         by the counts of both (see `_margin`): memory knows more text, the request's own is more
-        to the point."""
-        best = None
+        to the point. When they agree, the likelier bucket speaks for the token."""
+        found = None  # (entry, order, source): the longest context a source knows; the winner's
         n = len(keys)
-        # lookup_keys and the bucket, inlined: this runs for every position drafted from n-grams.
-        for kind, by_order, calibration in self._ngram_sources:
-            for k, table in by_order:
+        # lookup_keys, inlined: this runs for every position drafted from n-grams.
+        for source in self._ngram_sources:
+            for k, table in source[1]:
                 if n >= k:
                     entry = table.get(keys[k - 1])
-                    if entry is not None:  # bucket: order, share of the context's counts, count
-                        c = entry[1]
-                        share = c / entry[3]
-                        own = kind == "ngram"
-                        bucket = (_ONCE if c == 1 and own else kind, k if k < 4 else 4,
-                                  2 if share >= 0.8 else 1 if share >= 0.5 else 0, c if c < 4 else 4)
-                        pick = (entry[0], bucket, calibration.q(bucket))
-                        if best is None:
-                            best, known = pick, (entry, k + own)
-                        elif pick[0] == best[0]:
-                            if pick[2] > best[2]:
-                                best = pick
-                        elif _margin(entry, k + own, best[0]) > _margin(*known, pick[0]):
-                            best = pick
+                    if entry is not None:
+                        if found is None:
+                            found = (entry, k, source)
+                        elif entry[0] == found[0][0]:
+                            return max(_judged(*found), _judged(entry, k, source), key=lambda j: j[2])
+                        elif (_margin(entry, k + source[3], found[0][0])
+                              > _margin(found[0], found[1] + found[2][3], entry[0])):
+                            found = (entry, k, source)
                         break
-        return best
+        return None if found is None else _judged(*found)
 
     def _q(self, bucket: tuple) -> float:
         if bucket[0] in _MEMORY_KINDS:
