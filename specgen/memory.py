@@ -35,7 +35,7 @@ def _split(stream: list[int]) -> list[list[int]]:
     return pieces
 
 FORMAT, VERSION = "specgen-memory", 1
-MAX_CONTEXTS = 200_000  # contexts kept per model file (a few MB)
+MAX_CONTEXTS = 200_000  # n-gram contexts a model's memory keeps (a few MB on disk)
 MAX_STREAM = 200_000  # tokens of earlier outputs kept verbatim for long copies
 SEP = -1  # between outputs in the stream: copies never run across it
 CACHE_ENV = "SPECGEN_CACHE_DIR"
@@ -83,8 +83,23 @@ class NGramMemory:
         tokens = list(tokens)
         self.tables.forget_history()
         self.tables.update_batch(tokens)
+        if self.contexts() > self.max_contexts:
+            self._prune()
         self._append_stream(tokens)
         self._added.append(tokens)
+
+    def _prune(self) -> None:
+        """Drop the least-used contexts, down to 3/4 of the bound so that pruning is rare. Among
+        contexts used as often, shorter ones stay first (they recur in more text), then newer ones.
+        `run` saves the memory after each request and `simulate` adds each trace, both through
+        `add`: so both draft from the same bounded memory."""
+        ranked = []
+        for order, table in self.tables.entries.items():
+            for age, (key, entry) in enumerate(reversed(table.items())):  # tables keep insertion order
+                ranked.append((-entry[3], order, age, key))
+        ranked.sort()
+        for _, order, _, key in ranked[self.max_contexts * 3 // 4:]:
+            del self.tables.entries[order][key]
 
     def _append_stream(self, tokens: list[int]) -> None:
         tokens = tokens[-(MAX_STREAM // 2):]
@@ -159,24 +174,20 @@ class NGramMemory:
         for kind, (acc, exp, n) in cal.items():
             self.calibration.set_counts(kind, [float(acc), float(exp), int(n)])
         self._base_cal = {k: list(v) for k, v in self.calibration.counts.items()}
+        if self.contexts() > self.max_contexts:  # written with a larger bound
+            self._prune()
         for piece in _split(stream.tolist()):
             self._append_stream(piece)
 
     def _arrays(self) -> dict:
-        rows = []
-        for o, table in self.tables.entries.items():
-            for k, (best, _, counts, total) in table.items():
-                rows.append((total, o, k, best, counts))
-        if len(rows) > self.max_contexts:  # keep the most-used contexts
-            rows.sort(key=lambda r: r[0], reverse=True)
-            del rows[self.max_contexts:]
         order, key, token, count = [], [], [], []
-        for _, o, k, best, counts in rows:
-            for t, c in sorted(counts.items(), key=lambda tc: tc[0] == best):  # best last
-                order.append(o)
-                key.append(k)
-                token.append(t)
-                count.append(c)
+        for o, table in self.tables.entries.items():  # oldest first: loading keeps their age
+            for k, (best, _, counts, total) in table.items():
+                for t, c in sorted(counts.items(), key=lambda tc: tc[0] == best):  # best last
+                    order.append(o)
+                    key.append(k)
+                    token.append(t)
+                    count.append(c)
         header = json.dumps({"format": FORMAT, "version": VERSION, "model": self.model_key,
                              "max_order": self.tables.max_order,
                              "calibration": self.calibration.counts}).encode("utf-8")

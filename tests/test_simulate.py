@@ -382,6 +382,28 @@ def test_memory_file_round_trips_and_is_bounded(tmp_path):
     assert back.tables.lookup([2, 3, 4]) == 5  # the most used contexts survive the bound
 
 
+def test_memory_bound_keeps_used_then_short_then_new_contexts(tmp_path):
+    # Bound 3: over it, the memory keeps the 2 (3/4 of 3) best: most used, shortest, newest.
+    mem = NGramMemory("model-a", max_order=3, max_contexts=3)
+    mem.add([1, 2, 1, 2])  # 1->2 twice; 2->1, (1,2)->1, (2,1)->2 once: 4 contexts, over
+    assert {k: len(t) for k, t in mem.tables.entries.items()} == {3: 0, 2: 2}
+    assert mem.tables.lookup([1]) == 2 and mem.tables.lookup([2]) == 1
+    mem.add([5, 6])
+    mem.add([8, 9])  # 4 contexts: the older of the three seen once go
+    assert mem.contexts() == 2 and mem.tables.lookup([8]) == 9
+    assert mem.tables.lookup([2]) is None and mem.tables.lookup([5]) is None
+    # Ages survive the file: of the contexts saved, the newest outlives the others.
+    path = tmp_path / "m.npz"
+    mem = NGramMemory("model-a", max_order=2, max_contexts=4)
+    for output in ([5, 6], [8, 9], [13, 14]):
+        mem.add(output)
+    mem.save(path)
+    back = NGramMemory.load(path, "model-a", max_order=2, max_contexts=4)[0]
+    back.add([40, 41])
+    back.add([50, 51])  # 5 contexts: 3 stay
+    assert [back.tables.lookup([t]) for t in (5, 8, 13, 40, 50)] == [None, None, 14, 41, 51]
+
+
 @pytest.mark.parametrize("content", [b"garbage", b"PK\x03\x04broken zip"])
 def test_corrupt_memory_file_is_ignored_with_a_warning(tmp_path, content):
     path = tmp_path / "m.npz"
