@@ -182,7 +182,7 @@ class NGramMemory:
     def _arrays(self) -> dict:
         order, key, token, count = [], [], [], []
         for o, table in self.tables.entries.items():  # oldest first: loading keeps their age
-            for k, (best, _, counts, total) in table.items():
+            for k, (best, _, counts, _) in table.items():
                 for t, c in sorted(counts.items(), key=lambda tc: tc[0] == best):  # best last
                     order.append(o)
                     key.append(k)
