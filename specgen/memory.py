@@ -83,16 +83,17 @@ class NGramMemory:
         tokens = list(tokens)
         self.tables.forget_history()
         self.tables.update_batch(tokens)
-        if self.contexts() > self.max_contexts:
-            self._prune()
+        self._bound()
         self._append_stream(tokens)
         self._added.append(tokens)
 
-    def _prune(self) -> None:
-        """Drop the least-used contexts, down to 3/4 of the bound so that pruning is rare. Among
-        contexts used as often, shorter ones stay first (they recur in more text), then newer ones.
-        `run` saves the memory after each request and `simulate` adds each trace, both through
-        `add`: so both draft from the same bounded memory."""
+    def _bound(self) -> None:
+        """Past the bound, drop the least-used contexts, down to 3/4 of it so that pruning is
+        rare. Among contexts used as often, shorter ones stay first (they recur in more text), then
+        newer ones. `run` saves the memory after each request and `simulate` adds each trace, both
+        through `add`: so both draft from the same bounded memory."""
+        if self.contexts() <= self.max_contexts:
+            return
         ranked = []
         for order, table in self.tables.entries.items():
             for age, (key, entry) in enumerate(reversed(table.items())):  # tables keep insertion order
@@ -174,8 +175,7 @@ class NGramMemory:
         for kind, (acc, exp, n) in cal.items():
             self.calibration.set_counts(kind, [float(acc), float(exp), int(n)])
         self._base_cal = {k: list(v) for k, v in self.calibration.counts.items()}
-        if self.contexts() > self.max_contexts:  # written with a larger bound
-            self._prune()
+        self._bound()  # in case the file was written with a larger bound
         for piece in _split(stream.tolist()):
             self._append_stream(piece)
 
