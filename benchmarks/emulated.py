@@ -17,17 +17,21 @@ user's `--memory` would.
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
 from specgen.bench import mlx_lm_tokens, specgen_tokens
-from specgen.calibrate import blas, cost_function, describe, measure, relative
+from specgen.calibrate import blas, measure
+from specgen.cost import Curve, cost_function, relative
 from specgen.drafter import make_drafter
 from specgen.memory import NGramMemory
-from specgen.simulate import Tally, load_tokenizer, replay
+from specgen.report import describe_curve
+from specgen.simulate import Tally, replay
+from specgen.timing import alternate, spread
+from specgen.traces import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FILES = ["code_edit_qwen25coder_7b", "code_fix_python", "chat_llama2_7b", "chat_mistral_7b",
@@ -61,6 +65,20 @@ def build_model(seed=0):
     return model
 
 
+def pick_traces(rows, enc, count, max_prompt, max_tokens):
+    """(prompt, output) of `count` traces spread over a file, and which rows they are."""
+    picked, used = [], set()
+    for i in range(0, len(rows), max(1, len(rows) // (4 * count))):
+        prompt = [1] + enc(rows[i]["prompt"])
+        output = enc(rows[i]["output"])
+        if len(prompt) <= max_prompt and len(output) >= 32:
+            picked.append((prompt, output[:max_tokens]))
+            used.add(i)
+        if len(picked) == count:
+            break
+    return picked, used
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", type=int, default=5, help="traces per file")
@@ -74,26 +92,17 @@ def main():
     args = ap.parse_args()
     enc = load_tokenizer(str(SHARED / "tokenizers/llama2/tokenizer.model"))
     model = build_model()
-    params = sum(v.size for _, v in __import__("mlx.utils").utils.tree_flatten(model.parameters()))
+    params = sum(v.size for _, v in tree_flatten(model.parameters()))
     seconds = measure(model, list(range(100, 356)))
-    curve = relative(seconds)
-    cost = cost_function(curve)
+    curve = Curve(relative(seconds))
+    cost = cost_function(curve.relative)
     print(f"# {params / 1e6:.1f}M-parameter llama (float32), BLAS: {blas()}")
-    print(f"# one position {seconds[1] * 1e3:.1f} ms; {describe(curve)}; cost(4 drafts) = {cost(4):.2f}")
+    print(f"# one position {seconds[1] * 1e3:.1f} ms; {describe_curve(curve)}; cost(4 drafts) = {cost(4):.2f}")
     print(f"{'set':28} {'mlx-lm':>8} {'specgen':>8} {'speedup':>8} {'min':>6} {'max':>6} "
           f"{'draft0':>7} {'tok/step':>8} {'predicted':>9} {'identical':>9}")
-    results = []
     for name in args.sets:
-        rows = [json.loads(l) for l in (SHARED / f"traces/{name}.jsonl").read_text().splitlines()]
-        picked, used = [], set()
-        for i in range(0, len(rows), max(1, len(rows) // (4 * args.traces))):
-            prompt = [1] + enc(rows[i]["prompt"])
-            output = enc(rows[i]["output"])
-            if len(prompt) <= args.max_prompt and len(output) >= 32:
-                picked.append((prompt, output[: args.max_tokens]))
-                used.add(i)
-            if len(picked) == args.traces:
-                break
+        rows = [json.loads(line) for line in (SHARED / f"traces/{name}.jsonl").read_text().splitlines()]
+        picked, used = pick_traces(rows, enc, args.traces, args.max_prompt, args.max_tokens)
         mem = None
         if args.memory:  # what a returning user has: this model's earlier answers to other prompts
             mem = NGramMemory("emulated")
@@ -101,56 +110,35 @@ def main():
                 if i not in used:
                     mem.add(enc(row["output"]))
 
-        def adaptive():  # (drafter, cap) as run makes them, each with its own view of the memory
-            return make_drafter(None, cost=cost, memory=mem and mem.reader())[:2]
+        def adaptive():  # a drafter as run makes it, each with its own view of the memory
+            return make_drafter(None, cost=cost, memory=mem and mem.reader())
 
         # What these traces predict with the same drafter and curve and no overhead (`simulate`'s
         # replay): the gap to the measured speedup is what the loop and unqueued steps cost.
         predicted = Tally()
         for prompt, output in picked:
-            drafter, cap = adaptive()
-            predicted.add(replay(prompt, output, drafter, draft=cap, cost=cost))
-        ratios, d0_ratios, base_tps, spec_tps = [], [], [], []
-        tokens = steps = 0
-        identical = True
-        for r in range(args.repeats):
-            t_base = t_spec = t_d0 = 0.0
-            n_base = n_spec = n_d0 = 0
-            for i, (prompt, output) in enumerate(picked):
-                forced = Forced(model, prompt + output)
-                order = ["base", "spec", "d0"] if (r + i) % 2 == 0 else ["d0", "spec", "base"]
-                for who in order:
-                    if who == "base":
-                        ref, n, secs = mlx_lm_tokens(forced, prompt, len(output), frozenset())
-                        t_base += secs
-                        n_base += n
-                    elif who == "spec":
-                        spec_out, st, secs = specgen_tokens(forced, prompt, len(output), frozenset(),
-                                                            adaptive, None)
-                        t_spec += secs
-                        n_spec += len(spec_out)
-                        if r == 0:
-                            tokens += len(spec_out)
-                            steps += len(st)
-                    else:
-                        out, _, secs = specgen_tokens(forced, prompt, len(output), frozenset(),
-                                                      lambda: make_drafter(0)[:2], None)
-                        t_d0 += secs
-                        n_d0 += len(out)
-                identical &= ref == spec_out == output
-            base_tps.append(n_base / t_base)
-            spec_tps.append(n_spec / t_spec)
-            ratios.append((n_spec / t_spec) / (n_base / t_base))
-            d0_ratios.append((n_d0 / t_d0) / (n_base / t_base))
-        res = dict(set=name, traces=len(picked), baseline_tps=statistics.median(base_tps),
-                   specgen_tps=statistics.median(spec_tps), speedup_median=statistics.median(ratios),
-                   speedup_min=min(ratios), speedup_max=max(ratios),
-                   draft0_ratio=statistics.median(d0_ratios), tokens_per_step=tokens / steps,
-                   predicted_speedup=predicted.to_dict()["predicted_speedup"], identical=identical)
-        results.append(res)
-        print(f"{name:28} {res['baseline_tps']:8.1f} {res['specgen_tps']:8.1f} "
-              f"{res['speedup_median']:7.2f}x {res['speedup_min']:6.2f} {res['speedup_max']:6.2f} "
-              f"{res['draft0_ratio']:7.3f} {res['tokens_per_step']:8.2f} {res['predicted_speedup']:8.2f}x "
+            predicted.add(replay(prompt, output, adaptive(), draft=64, cost=cost))
+        forced = {id(p): Forced(model, p + o) for p, o in picked}
+        contenders = {
+            "mlx-lm": lambda po: mlx_lm_tokens(forced[id(po[0])], po[0], len(po[1]), frozenset()),
+            "specgen": lambda po: specgen_tokens(forced[id(po[0])], po[0], len(po[1]), frozenset(),
+                                                 adaptive, 64),
+            "draft0": lambda po: specgen_tokens(forced[id(po[0])], po[0], len(po[1]), frozenset(),
+                                                lambda: make_drafter(0), 0),
+        }
+        steps, identical = [], True
+
+        def seen(r, i, runs):
+            nonlocal identical
+            identical &= runs["mlx-lm"].tokens == runs["specgen"].tokens == picked[i][1]
+            if r == 0:
+                steps.extend(runs["specgen"].steps)
+
+        rounds = alternate(contenders, picked, args.repeats, seen)
+        med, low, high = spread(rounds.ratios("specgen", "mlx-lm"))
+        print(f"{name:28} {spread(rounds.tps('mlx-lm'))[0]:8.1f} {spread(rounds.tps('specgen'))[0]:8.1f} "
+              f"{med:7.2f}x {low:6.2f} {high:6.2f} {spread(rounds.ratios('draft0', 'mlx-lm'))[0]:7.3f} "
+              f"{sum(len(s.tokens) for s in steps) / len(steps):8.2f} {predicted.predicted_speedup:8.2f}x "
               f"{str(identical):>9}", flush=True)
 
 

@@ -3,22 +3,25 @@ speculating with the defaults (adaptive drafter, measured verify-cost curve).
 
     python benchmarks/stories.py [--tokens 256] [--repeats 5]
 
-Each configuration runs the same prompts in one process, alternating order, after a warm-up;
-reported tok/s are medians over repeats of (generated tokens / wall seconds, prefill included:
-end to end, as a user waits). Stop tokens are ignored so every run generates exactly --tokens.
+Each configuration runs the same prompts in one process, alternating order (specgen.timing),
+after a warm-up; reported tok/s are medians over repeats of (generated tokens / wall seconds,
+prefill included: end to end, as a user waits). Stop tokens are ignored so every run generates
+exactly --tokens.
 """
 
 import argparse
-import statistics
 import time
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from specgen import registry
-from specgen.calibrate import blas, describe, model_cost, pipeline_after
-from specgen.decode import Step, generate
+from specgen.calibrate import blas, model_costs
+from specgen.decode import generate
 from specgen.drafter import make_drafter
+from specgen.events import Step
+from specgen.report import describe_curve
+from specgen.timing import Timed, alternate, spread
 
 PROMPTS = [
     "Once upon a time",
@@ -30,18 +33,18 @@ PROMPTS = [
 
 def mlx_lm_run(model, ids, n):
     t = time.perf_counter()
-    count = sum(1 for _ in generate_step(mx.array(ids), model, max_tokens=n))
-    return count / (time.perf_counter() - t), None
+    out = [tok for tok, _ in generate_step(mx.array(ids), model, max_tokens=n)]
+    return Timed(out, len(out), time.perf_counter() - t)
 
 
-def specgen_run(model, ids, n, draft, cost, ahead):
-    drafter, cap, _ = make_drafter(draft, cost=cost)
+def specgen_run(model, ids, n, draft, costs):
     t = time.perf_counter()
-    steps = [e for e in generate(model, ids, predictor=drafter, draft=cap, max_tokens=n,
-                                 pipeline_after=ahead)
+    steps = [e for e in generate(model, ids, drafter=make_drafter(draft, cost=costs.drafting),
+                                 draft=64 if draft is None else draft, max_tokens=n,
+                                 queue_after=costs.queue_after)
              if isinstance(e, Step)]
-    tps = sum(len(s.tokens) for s in steps) / (time.perf_counter() - t)
-    return tps, steps
+    out = [tok for s in steps for tok in s.tokens]
+    return Timed(out, len(out), time.perf_counter() - t, steps)
 
 
 def main():
@@ -52,26 +55,20 @@ def main():
     loaded = registry.load(registry.resolve("demo", registry.load_registry()))
     model, tok = loaded.model, loaded.tokenizer
     print(f"# stories260K, {args.tokens} tokens, {args.repeats} repeats, BLAS: {blas()}")
-    cost, curve, overlap, _ = model_cost(loaded)
-    ahead = pipeline_after(overlap)  # as `specgen run` decides it on this machine
-    print(f"# {describe(curve, overlap)}")
+    costs = model_costs(model, loaded.key, tok)  # as `specgen run` decides it on this machine
+    print(f"# {describe_curve(costs.curve)}")
     print(f"{'prompt':48} {'mlx-lm':>8} {'draft 0':>8} {'ratio':>6} {'spec':>8} {'speedup':>7} {'accept':>6} {'tok/step':>8}")
-    configs = {"mlx": lambda ids: mlx_lm_run(model, ids, args.tokens),
-               "d0": lambda ids: specgen_run(model, ids, args.tokens, 0, cost, ahead),
-               "spec": lambda ids: specgen_run(model, ids, args.tokens, None, cost, ahead)}
+    contenders = {"mlx": lambda ids: mlx_lm_run(model, ids, args.tokens),
+                  "d0": lambda ids: specgen_run(model, ids, args.tokens, 0, costs),
+                  "spec": lambda ids: specgen_run(model, ids, args.tokens, None, costs)}
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
-        for f in configs.values():
-            f(ids)  # warm-up
-        tps = {k: [] for k in configs}
-        steps = None
-        for r in range(args.repeats):
-            order = list(configs) if r % 2 == 0 else list(reversed(configs))
-            for k in order:
-                t, s = configs[k](ids)
-                tps[k].append(t)
-                steps = s if k == "spec" else steps
-        med = {k: statistics.median(v) for k, v in tps.items()}
+        for run in contenders.values():
+            run(ids)  # warm-up
+        steps = []
+        rounds = alternate(contenders, [ids], args.repeats,
+                           lambda r, i, runs: steps.__setitem__(slice(None), runs["spec"].steps))
+        med = {k: spread(rounds.tps(k))[0] for k in contenders}
         drafted = sum(s.drafted for s in steps)
         accepted = sum(s.accepted for s in steps)
         print(f"{prompt[:48]:48} {med['mlx']:8.1f} {med['d0']:8.1f} {med['d0'] / med['mlx']:6.3f} "

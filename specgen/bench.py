@@ -1,27 +1,33 @@
 """`specgen bench`: specgen against mlx-lm's own greedy decoding, in one process, same prompts.
 
-For each prompt set: a warm-up, then `repeats` rounds that alternate which of the two goes first.
-Each round times the decoding of every prompt for both; the round's speedup is specgen's decode
+For each prompt set: a warm-up, then `repeats` rounds (timing.alternate) that time the decoding
+of every prompt by both, alternating which goes first; a round's speedup is specgen's decode
 tokens per second over mlx-lm's for the whole set. Decode throughput leaves out the prompt's
 prefill, which is the same work for both (as mlx-lm's own "generation tok/s" does): for mlx-lm,
 the tokens after its first over the time after its first; for specgen, all its tokens over the
-time after prefill (its first step included).
+time after prefill (its first step included). Beside the measured speedup, the one `simulate`'s
+replay predicts for the same outputs under the same cost curve: the gap is the loop's own loss.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from .decode import Step, generate
+from .decode import generate
 from .errors import InputError
-from .stats import ratio
+from .events import Step
+from .simulate import Tally, replay
+from .stats import Counts
+from .timing import Timed, alternate, spread
+
+Prompt = str | list  # a user message, or a conversation (list of {"role", "content"})
 
 _STORY = "Lily had a red ball. She liked to throw the ball to her dog, Max. Max ran fast and " \
          "brought the ball back to her. Lily laughed and said, \"Good dog, Max!\""
@@ -59,29 +65,50 @@ CHAT_SETS = {
 }
 
 
-def builtin_sets(chat: bool) -> dict[str, list[str]]:
+def builtin_sets(chat: bool) -> dict[str, list[Prompt]]:
     """The built-in prompt sets that fit a base (continuation) or a chat model."""
     return CHAT_SETS if chat else BASE_SETS
 
 
-def read_prompt_file(path: str) -> dict[str, list[str]]:
-    """Prompts from a file: one per line, or JSONL objects {"prompt": ..., "set": optional}."""
+def _conversation(row: dict, where: str) -> Prompt:
+    if "messages" in row:
+        msgs = row["messages"]
+        if (not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("content"), str)
+                and m.get("role") in ("system", "user", "assistant") for m in msgs)
+                or msgs[-1]["role"] != "user"):
+            raise InputError(f"{where}: \"messages\" must be a list of {{\"role\", \"content\"}} "
+                             "ending with a user turn")
+        return msgs
+    if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+        raise InputError(f"{where}: expected {{\"prompt\": \"...\"}} or {{\"messages\": [...]}}")
+    return row["prompt"]
+
+
+def read_prompt_file(path: str) -> dict[str, list[Prompt]]:
+    """Prompts from a file: one per line, or JSONL (if its first line is a JSON object, every line
+    must be one): {"prompt": text} or {"messages": [{"role", "content"}...]}, optional "set"."""
     p = Path(path)
     if not p.is_file():
         raise InputError(f"no such prompts file: {path}")
-    sets: dict[str, list[str]] = {}
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
+    try:
+        lines = [(n, line) for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                 if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read {path}: {e}") from e
+    jsonl = bool(lines) and lines[0][1].lstrip().startswith("{")
+    sets: dict[str, list[Prompt]] = {}
+    for n, line in lines:
+        if not jsonl:
+            sets.setdefault("custom", []).append(line)
             continue
-        if line.lstrip().startswith("{"):
-            try:
-                row = json.loads(line)
-                prompt, name = row["prompt"], str(row.get("set", "custom"))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise InputError(f"{path}:{n}: expected {{\"prompt\": ...}} ({e})") from e
-        else:
-            prompt, name = line, "custom"
-        sets.setdefault(name, []).append(prompt)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{n}: not JSON ({e.msg}); a JSONL prompts file must be JSON on every line") from e
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{n}: expected a JSON object")
+        sets.setdefault(str(row.get("set", "custom")), []).append(_conversation(row, f"{path}:{n}"))
     if not sets:
         raise InputError(f"{path} holds no prompts")
     return sets
@@ -93,35 +120,32 @@ class SetResult:
     prompts: int
     baseline_tps: list[float] = field(default_factory=list)  # per round
     specgen_tps: list[float] = field(default_factory=list)
-    tokens: int = 0
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
+    ratios: list[float] = field(default_factory=list)
+    counts: Counts = field(default_factory=Counts)  # specgen's steps in the last round
+    predicted: Tally = field(default_factory=Tally)  # the replay of the same outputs
     divergences: list[dict] = field(default_factory=list)  # prompts whose outputs differ
 
     def to_dict(self) -> dict:
-        ratios = [s / b for s, b in zip(self.specgen_tps, self.baseline_tps)]
+        med, low, high = spread(self.ratios)
         return {
             "set": self.set,
             "prompts": self.prompts,
-            "baseline_tps": round(statistics.median(self.baseline_tps), 2),
-            "specgen_tps": round(statistics.median(self.specgen_tps), 2),
-            "speedup_median": round(statistics.median(ratios), 4),
-            "speedup_min": round(min(ratios), 4),
-            "speedup_max": round(max(ratios), 4),
-            "tokens_per_step": round(ratio(self.tokens, self.steps), 4),
-            "acceptance_rate": round(ratio(self.accepted, self.drafted), 4),
+            "baseline_tps": round(spread(self.baseline_tps)[0], 2),
+            "specgen_tps": round(spread(self.specgen_tps)[0], 2),
+            "speedup_median": round(med, 4),
+            "speedup_min": round(low, 4),
+            "speedup_max": round(high, 4),
+            "predicted_speedup": round(self.predicted.predicted_speedup, 4),
+            "tokens_per_step": round(self.counts.tokens_per_step, 4),
+            "acceptance_rate": round(self.counts.acceptance_rate, 4),
             "identical": not self.divergences,
             "divergences": self.divergences,
         }
 
 
-def mlx_lm_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset
-                  ) -> tuple[list[int], int, float]:
-    """Plain greedy decoding through mlx-lm, stopping where specgen stops.
-
-    Returns (tokens, tokens timed, seconds timed): everything after the first token.
-    """
+def mlx_lm_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset) -> Timed:
+    """Plain greedy decoding through mlx-lm, stopping where specgen stops; timed after its first
+    token."""
     out, start = [], None
     for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
         if start is None:
@@ -129,55 +153,57 @@ def mlx_lm_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset
         if tok in stop:
             break
         out.append(tok)
-    return out, max(len(out) - 1, 0), time.perf_counter() - start
+    return Timed(out, max(len(out) - 1, 0), time.perf_counter() - start)
 
 
-def specgen_tokens(model, prompt, max_tokens, stop, make, context_length, pipeline_after=None
-                   ) -> tuple[list[int], list[Step], float]:
-    """specgen's loop with a fresh drafter from `make()` -> (drafter, most drafts per step).
-
-    Returns (tokens, steps, seconds after prefill).
-    """
-    drafter, cap = make()
+def specgen_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset, make: Callable,
+                   draft: int, context_length: int | None = None, queue_after: int | None = None,
+                   ) -> Timed:
+    """specgen's loop with a fresh drafter from `make()`, timed after prefill."""
     steps, start = [], None
-    for e in generate(model, prompt, predictor=drafter, draft=cap, max_tokens=max_tokens,
-                      stop_tokens=stop, context_length=context_length, pipeline_after=pipeline_after):
+    for e in generate(model, prompt, drafter=make(), draft=draft, max_tokens=max_tokens,
+                      stop_tokens=stop, context_length=context_length, queue_after=queue_after):
         if isinstance(e, Step):
             steps.append(e)
         else:
             start = time.perf_counter()
-    return [t for s in steps for t in s.tokens], steps, time.perf_counter() - start
+    tokens = [t for s in steps for t in s.tokens]
+    return Timed(tokens, len(tokens), time.perf_counter() - start, steps)
 
 
 def run_set(name: str, model, prompts: list[list[int]], *, max_tokens: int, repeats: int, stop,
-            make, context_length=None, pipeline_after=None) -> SetResult:
-    """Benchmark one prompt set (token ids) against mlx-lm; see the module docstring."""
+            make: Callable, draft: int, context_length=None, queue_after=None,
+            predict: Callable[[list[int], list[int]], Tally] | None = None,
+            progress: Callable[[], None] = lambda: None) -> SetResult:
+    """Benchmark one prompt set (token ids) against mlx-lm; see the module docstring.
+    `predict(prompt, output)` replays an output (see `replayer`); `progress()` is called after
+    each prompt of each round."""
     res = SetResult(name, len(prompts))
-    mlx_lm_tokens(model, prompts[0], min(max_tokens, 16), stop)  # warm-up
-    specgen_tokens(model, prompts[0], min(max_tokens, 16), stop, make, context_length, pipeline_after)
-    for r in range(repeats):
-        totals = {"base": [0, 0.0], "spec": [0, 0.0]}
-        for i, prompt in enumerate(prompts):
-            order = ("base", "spec") if (r + i) % 2 == 0 else ("spec", "base")
-            outputs = {}
-            for who in order:
-                if who == "base":
-                    outputs[who], n, secs = mlx_lm_tokens(model, prompt, max_tokens, stop)
-                else:
-                    outputs[who], steps, secs = specgen_tokens(model, prompt, max_tokens, stop, make,
-                                                               context_length, pipeline_after)
-                    n = len(outputs[who])
-                totals[who][0] += n
-                totals[who][1] += secs
-            if r == repeats - 1:
-                res.tokens += len(outputs["spec"])
-                res.steps += len(steps)
-                res.drafted += sum(s.drafted for s in steps)
-                res.accepted += sum(s.accepted for s in steps)
-            if outputs["base"] != outputs["spec"] and not any(d["prompt"] == i for d in res.divergences):
-                a, b = outputs["base"], outputs["spec"]
-                at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                res.divergences.append({"prompt": i, "at_token": at})
-        res.baseline_tps.append(totals["base"][0] / totals["base"][1])
-        res.specgen_tps.append(totals["spec"][0] / totals["spec"][1])
+    base = lambda p: mlx_lm_tokens(model, p, max_tokens, stop)
+    spec = lambda p: specgen_tokens(model, p, max_tokens, stop, make, draft, context_length, queue_after)
+    base(prompts[0][:]), spec(prompts[0])  # warm-up
+
+    def seen(r: int, i: int, runs: dict[str, Timed]) -> None:
+        a, b = runs["mlx-lm"].tokens, runs["specgen"].tokens
+        if a != b and not any(d["prompt"] == i for d in res.divergences):
+            at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            res.divergences.append({"prompt": i, "at_token": at})
+        if r == repeats - 1:
+            for s in runs["specgen"].steps:
+                res.counts.add_step(len(s.tokens), s.drafted, s.accepted)
+            if predict is not None:
+                res.predicted.add(predict(prompts[i], b))
+        progress()
+
+    rounds = alternate({"mlx-lm": base, "specgen": spec}, prompts, repeats, seen)
+    res.baseline_tps, res.specgen_tps = rounds.tps("mlx-lm"), rounds.tps("specgen")
+    res.ratios = rounds.ratios("specgen", "mlx-lm")
     return res
+
+
+def replayer(make: Callable, draft: int, max_tokens: int, cost, queue_after: int | None,
+             overlap: float) -> Callable[[list[int], list[int]], Tally]:
+    """predict(prompt, output): the replay of an output with a fresh drafter, each step charged
+    `cost` (the measured curve), as `run_set` reports it beside the measured speedup."""
+    return lambda prompt, output: replay(prompt, output, make(), draft=draft, max_tokens=max_tokens,
+                                         queue_after=queue_after, overlap=overlap, cost=cost)

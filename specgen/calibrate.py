@@ -1,38 +1,39 @@
-"""The verify-cost curve: how long a forward pass over k positions takes relative to one position,
-measured once per model and machine and cached, so the drafter can weigh longer drafts against
-what they really cost here (Leviathan et al. 2023, sec. 3.5, with a measured cost function).
+"""Measuring the verify-cost curve: how long a forward pass over k positions takes relative to
+one position, and what queuing a plain step ahead saves (the overlap), once per model and
+machine, cached in the cache directory (cost.py turns them into the drafter's cost function).
+
+Measuring is bounded: sizes are timed in increasing order and wider passes are no longer timed
+once one costs nearly as much as that many single positions (no draft of that width can pay),
+and rounds are as many as fit in BUDGET_S.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
-import tempfile
 import time
-from bisect import bisect_left
 from pathlib import Path
-from typing import Callable
+from typing import NamedTuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from .memory import cache_dir
-from .report import queued_ahead
+from .cost import Curve, cost_function, drafting_cost, queue_after, relative
+from .length import CostFn
+from .store import CACHE_ENV, cache_dir, locked, write_atomic
 
-SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that are timed
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that may be timed
 CONTEXT = 128  # tokens in the cache while timing (a short prompt's worth)
-BUDGET_S = 1.5  # about how long a calibration may take
-MAX_ROUNDS = 100  # rounds of all sizes at most (tiny models fit many in the budget)
-# Queuing plain steps ahead: after how many silent drafter steps, by what it saves (the overlap).
-# A queued step drafts nothing. `simulate --pipeline-after N --overlap X` on the shared traces
-# (README): after 2 silent steps costs chat 1.5% of its predicted speedup with no overlap and
-# breaks even near 4%; after 1 gains chat a further 1% at a 10% overlap (code edits lose 1-2%)
-# and 3% at 20% (code loses under 1%), so it is used from 15%.
-PIPELINE_AFTER = ((0.15, 1), (0.04, 2))  # (overlap above which, silent steps), first match wins
+BUDGET_S = 1.5  # about how long the timed rounds of the curve may take
+ROUNDS = (3, 100)  # fewest and most rounds of all sizes
+CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider ones are not timed
 OVERLAP_STEPS = 8  # plain steps timed each way per round
 OVERLAP_ROUNDS = (3, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 3
+OVERLAP_SLOW_S = 0.02  # steps slower than this are not timed for the overlap: it is negligible
+SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
 
 
 def blas() -> str:
@@ -56,9 +57,6 @@ def _primed_cache(model, tokens: list[int]):
     return cache
 
 
-SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
-
-
 def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -> dict[int, float]:
     """Seconds of a forward pass (with argmax read-back, as a verify step does) per size.
 
@@ -77,59 +75,32 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -
         trim_prompt_cache(cache, k)
         return dt
 
-    for k in sizes:  # warm-up: first calls compile kernels and allocate
+    # Warm-up (first calls compile kernels and allocate), widening only while it could pay.
+    step(sizes[0])
+    one, timed = step(sizes[0]), [sizes[0]]
+    for k in sizes[1:]:
         step(k)
-    per_round = sum(step(k) for k in sizes)
-    rounds = max(5, min(MAX_ROUNDS, int(budget_s / max(per_round, 1e-6))))
-    times = {k: [] for k in sizes}
+        timed.append(k)
+        if step(k) >= CANNOT_PAY * k * one:
+            break
+    per_round = sum(step(k) for k in timed)
+    rounds = max(ROUNDS[0], min(ROUNDS[1], int(budget_s / max(per_round, 1e-6))))
+    times = {k: [] for k in timed}
     for r in range(rounds):
-        for k in (sizes if r % 2 == 0 else reversed(sizes)):
+        for k in (timed if r % 2 == 0 else reversed(timed)):
             times[k].append(step(k))
-    one = statistics.quantiles(times[sizes[0]], n=4)[0]
-    return {k: one * statistics.median(t / t1 for t, t1 in zip(v, times[sizes[0]]))
+    first = statistics.quantiles(times[timed[0]], n=4)[0] if rounds > 1 else times[timed[0]][0]
+    return {k: first * statistics.median(t / t1 for t, t1 in zip(v, times[timed[0]]))
             for k, v in times.items()}
 
 
-def relative(seconds: dict[int, float]) -> dict[int, float]:
-    """Costs relative to one position, made non-decreasing by isotonic regression (adjacent
-    violators are averaged, so one noisy spike does not raise every larger size) and >= 1."""
-    sizes = sorted(seconds)
-    blocks = []  # [sum, count] of pooled ratios
-    for k in sizes:
-        blocks.append([seconds[k] / seconds[sizes[0]], 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    values = [max(1.0, total / count) for total, count in blocks for _ in range(count)]
-    return dict(zip(sizes, values))
-
-
-def cost_function(curve: dict[int, float]) -> Callable[[int], float]:
-    """cost(k) for k drafted tokens (k + 1 positions), interpolated linearly in the curve and
-    extrapolated from its last two points."""
-    sizes = sorted(curve)
-    vals = [curve[s] for s in sizes]
-
-    def cost(k: int) -> float:
-        n = k + 1
-        i = bisect_left(sizes, n)
-        if i < len(sizes) and sizes[i] == n:
-            return vals[i]
-        if i == 0:
-            return vals[0]
-        if i == len(sizes):
-            i -= 1
-        s0, s1, v0, v1 = sizes[i - 1], sizes[i], vals[i - 1], vals[i]
-        return v0 + (v1 - v0) * (n - s0) / (s1 - s0)
-
-    return cost
-
-
-def measure_overlap(model, sample: list[int]) -> float:
+def measure_overlap(model, sample: list[int], one_s: float) -> float:
     """The share of a plain step's time saved by queuing the next one before reading it back
-    (what mlx_lm.generate_step does): the median over rounds of the two ways' same-round ratio, as
-    in `measure`, so a burst of load that slows a whole round cancels out; 0 when it saves nothing."""
+    (what mlx_lm.generate_step does): the median over rounds of the two ways' same-round ratio,
+    as in `measure`; 0 when it saves nothing, or when a step (`one_s`) is so slow that building
+    the next graph is a negligible share of it (then it is not timed)."""
+    if one_s > OVERLAP_SLOW_S:
+        return 0.0
     cache = _primed_cache(model, sample * CONTEXT)
 
     def steps(queue_ahead: bool) -> float:
@@ -160,80 +131,112 @@ def measure_overlap(model, sample: list[int]) -> float:
     return max(0.0, 1.0 - statistics.median(ratios))
 
 
-def pipeline_after(overlap: float) -> int | None:
-    """`decode.generate`'s pipeline_after for a measured overlap: queue ahead only where it pays,
-    and sooner where it saves more (see PIPELINE_AFTER)."""
-    return next((n for above, n in PIPELINE_AFTER if overlap > above), None)
-
-
-def drafting_cost(cost: Callable[[int], float], overlap: float,
-                  ahead: int | None) -> Callable[[int], float]:
-    """The cost the drafter weighs drafts with. Where a silent step gets the next one queued ahead
-    (`ahead`, decode's pipeline_after, is 1), drafting nothing also saves `overlap` of the next
-    step, so it costs that much less: in `simulate`, chat gains 0.4-2.6% at a 15-20% overlap and
-    7-8% at 30%, code edits lose under 1%."""
-    if ahead != 1 or not overlap:
-        return cost
-    return lambda k: cost(k) - overlap if k == 0 else cost(k)
-
-
 def calibration_file() -> Path:
     return cache_dir() / "calibration.json"
 
 
-def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bool = False
-                    ) -> tuple[dict[int, float], float, bool]:
-    """The cached curve and overlap (see measure_overlap) for this model on this machine, or a
-    fresh measurement (then cached).
+class Calibrated(NamedTuple):
+    curve: Curve
+    fresh: bool  # measured now (else read from the cache)
+    warning: str | None  # the cache could not be read or written
 
-    Returns (curve, overlap, measured_now). A damaged cache file is simply measured over.
-    """
-    path = calibration_file()
-    key = f"{model_key}|{machine_id()}"
+
+def _valid(entry) -> Curve | None:
+    """The curve of a cache entry, or None if the entry is damaged in any way."""
+    try:
+        rel = {int(k): float(v) for k, v in entry["relative"].items()}
+        overlap = float(entry["overlap"])
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+    if (len(rel) < 2 or 1 not in rel or not all(k >= 1 and math.isfinite(v) and v >= 1.0 for k, v in rel.items())
+            or not (math.isfinite(overlap) and 0.0 <= overlap < 1.0)):
+        return None
+    return Curve(rel, overlap)
+
+
+def _read(path: Path) -> dict:
     try:
         store = json.loads(path.read_text())
-        if not isinstance(store, dict):
-            store = {}
-    except (OSError, ValueError):
-        store = {}
-    entry = store.get(key)
-    if not recalibrate and isinstance(entry, dict):
-        try:
-            return ({int(k): float(v) for k, v in entry["relative"].items()}, float(entry["overlap"]),
-                    False)
-        except (KeyError, ValueError, TypeError, AttributeError):
-            pass
+    except FileNotFoundError:
+        return {}
+    return store if isinstance(store, dict) else {}
+
+
+def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bool = False,
+                    before_measuring=lambda: None) -> Calibrated:
+    """This model's cost curve on this machine from the cache, or measured (then cached).
+    A damaged entry is measured over; a cache that cannot be read or written is a warning.
+    `before_measuring` is called before a measurement starts (to say why nothing happens yet)."""
+    path = calibration_file()
+    key = f"{model_key}|{machine_id()}"
+    warning = None
+    try:
+        cached = None if recalibrate else _valid(_read(path).get(key))
+    except (OSError, ValueError) as e:
+        cached, warning = None, f"cannot read {path} ({e}); measuring again"
+    if cached is not None:
+        return Calibrated(cached, False, warning)
+    before_measuring()
     seconds = measure(model, sample)
-    curve = relative(seconds)
-    overlap = measure_overlap(model, sample)
-    store[key] = {"relative": {str(k): v for k, v in curve.items()}, "overlap": overlap,
-                  "seconds": {str(k): v for k, v in seconds.items()}, "measured": time.time()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(store, f, indent=1)
-    os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
-    return curve, overlap, True
+    curve = Curve(relative(seconds), measure_overlap(model, sample, seconds[min(seconds)]))
+    entry = {"relative": {str(k): v for k, v in curve.relative.items()}, "overlap": curve.overlap,
+             "seconds": {str(k): v for k, v in seconds.items()}, "measured": time.time()}
+    try:
+        with locked(path):  # another process may be saving its own model's curve
+            try:
+                store = _read(path)
+            except ValueError:
+                store = {}  # damaged: replaced by what is measured now
+            store[key] = entry
+            write_atomic(path, lambda f: f.write(json.dumps(store, indent=1).encode()))
+    except OSError as e:
+        warning = (f"cannot save the calibration to {path} ({e.strerror or e}); "
+                   f"set {CACHE_ENV} to a writable folder")
+    return Calibrated(curve, True, warning)
 
 
-def describe(curve: dict[int, float], overlap: float | None = None) -> str:
-    """e.g. "cost x1.00/1.21/1.45/2.03 at 1/2/4/8 positions", and how plain steps run."""
-    ks = [k for k in sorted(curve) if k <= 16]
-    text = "cost x" + "/".join(f"{curve[k]:.2f}" for k in ks) + " at " + "/".join(map(str, ks)) + " positions"
-    ahead = None if overlap is None else pipeline_after(overlap)
-    if ahead is not None:
-        text += f"; {queued_ahead(ahead)} (saves {overlap:.0%})"
-    return text
+def stored_curves() -> dict[str, dict]:
+    """The cached calibration entries, by "model key|machine"."""
+    try:
+        return _read(calibration_file())
+    except (OSError, ValueError):
+        return {}
 
 
-def model_cost(loaded, *, recalibrate: bool = False):
-    """(cost function for the drafter (see drafting_cost), curve, overlap, measured_now) for a
-    registry.LoadedModel, from the cache or measured; (None, None, 0.0, False) when its cache
-    cannot be rolled back (then nothing is speculated)."""
-    from .decode import rollback_limit
+def forget_curves(model_key: str | None = None) -> int:
+    """Drop the cached curves of one model (on every machine), or all of them; how many went."""
+    path = calibration_file()
+    if not path.exists():
+        return 0
+    with locked(path):
+        try:
+            store = _read(path)
+        except ValueError:
+            store = {}  # damaged: nothing in it can be used anyway
+        gone = [k for k in store if model_key is None or k.split("|", 1)[0] == model_key]
+        for k in gone:
+            del store[k]
+        write_atomic(path, lambda f: f.write(json.dumps(store, indent=1).encode()))
+    return len(gone)
 
-    if rollback_limit(make_prompt_cache(loaded.model))[1]:
-        return None, None, 0.0, False
-    sample = list(loaded.tokenizer.encode(SAMPLE)) or [0]
-    curve, overlap, fresh = load_or_measure(loaded.model, loaded.key, sample, recalibrate=recalibrate)
-    return drafting_cost(cost_function(curve), overlap, pipeline_after(overlap)), curve, overlap, fresh
+
+class Costs(NamedTuple):
+    """A model's verify cost as run and bench use it."""
+
+    drafting: CostFn  # what the drafter weighs drafts with (cost.drafting_cost)
+    step: CostFn  # what a step costs (the measured curve), for predictions
+    curve: Curve
+    queue_after: int | None  # the loop's queuing policy (cost.queue_after)
+    fresh: bool  # measured now
+    warning: str | None  # the cache could not be read or written
+
+
+def model_costs(model, key: str, tokenizer, *, recalibrate: bool = False,
+                before_measuring=lambda: None) -> Costs:
+    """The cached or measured curve of a model (see `load_or_measure`), and what follows from it."""
+    sample = list(tokenizer.encode(SAMPLE)) or [0]
+    curve, fresh, warning = load_or_measure(model, key, sample, recalibrate=recalibrate,
+                                            before_measuring=before_measuring)
+    step = cost_function(curve.relative)
+    ahead = queue_after(curve.overlap)
+    return Costs(drafting_cost(step, curve.overlap, ahead), step, curve, ahead, fresh, warning)

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import signal
 import sys
-import traceback
-from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 
-from . import defaults, registry
-from .errors import SpecgenError
+from . import __version__, cli_tools, defaults, registry
+from .clikit import (
+    DTYPE_HELP,
+    EXIT_INTERRUPTED,
+    Notices,
+    cli_errors,
+    costs,
+    load,
+    read_memory,
+    save_memory,
+    user_models_file,
+)
+from .settings import check
 
 app = typer.Typer(
     add_completion=False,
@@ -23,65 +29,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Faster local LLM generation on MLX with model-free (n-gram) speculative decoding.",
 )
-
-EXIT_ERROR, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 130, 141
-
-
-def _fail(message: str, code: int = EXIT_ERROR):
-    sys.stderr.write(f"specgen: error: {message}\n")
-    raise typer.Exit(code)
+app.command()(cli_tools.simulate)
+app.command()(cli_tools.bench)
+app.add_typer(cli_tools.cache, name="cache")
 
 
-def cli_errors(command):
-    """Turn library errors into one line and exit 1; Ctrl-C into 130; a closed pipe into 141."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except SpecgenError as e:
-            if os.environ.get("SPECGEN_DEBUG") == "1":
-                traceback.print_exc()
-            _fail(str(e))
-        except KeyboardInterrupt:
-            sys.stderr.write("specgen: interrupted\n")
-            raise typer.Exit(EXIT_INTERRUPTED)
-        except BrokenPipeError:
-            # The reader (e.g. `head`) is gone: stop quietly, and keep Python's exit-time flush quiet.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise typer.Exit(EXIT_BROKEN_PIPE)
-        except (typer.Exit, click.exceptions.ClickException, click.exceptions.Abort):
-            raise
-        except Exception as e:  # anything unforeseen still gets one line, not a traceback
-            if os.environ.get("SPECGEN_DEBUG") == "1":
-                traceback.print_exc()
-            _fail(f"{type(e).__name__}: {e} (set SPECGEN_DEBUG=1 for the traceback)")
-
-    return wrapper
+def _version(value: bool):
+    if value:
+        sys.stdout.write(f"specgen {__version__}\n")
+        raise typer.Exit()
 
 
-def user_models_file() -> Path:
-    """The user's own models.toml, in specgen's config directory."""
-    return Path(click.get_app_dir("specgen")) / "models.toml"
-
-
-def _resolve_model(name: str):
-    return registry.resolve(name, registry.load_registry(user_models_file()))
-
-
-def _cost_for(loaded, draft, recalibrate, notice):
-    """For the adaptive drafter: its measured cost function, a note for the stats, and when to
-    queue plain steps ahead (see decode.generate); (None, "", None) for --draft N."""
-    if draft is not None:
-        return None, "", None
-    from .calibrate import describe, model_cost, pipeline_after
-
-    cost, curve, overlap, fresh = model_cost(loaded, recalibrate=recalibrate)
-    if curve is None:
-        return None, "", None  # no speculation: generate() says why
-    if fresh:
-        notice(f"measured verify cost for {loaded.spec.name}: {describe(curve, overlap)} (cached)")
-    return cost, f", {describe(curve, overlap)}", pipeline_after(overlap)
+@app.callback()
+def main_options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                              help="Print the version and exit.")):
+    """Faster local LLM generation on MLX with model-free (n-gram) speculative decoding."""
 
 
 @app.command()
@@ -99,46 +61,47 @@ def run(
     ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
     window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
     temp: float = typer.Option(defaults.TEMP, "--temp", help="Sampling temperature; 0 = greedy."),
-    top_p: float = typer.Option(0.0, "--top-p", help="Nucleus sampling: keep this much probability mass (0 = off)."),
-    top_k: int = typer.Option(0, "--top-k", help="Sample among the k most likely tokens (0 = off)."),
-    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p times the top probability (0 = off)."),
+    top_p: float = typer.Option(defaults.TOP_P, "--top-p", help="Nucleus sampling: keep this much probability mass (0 = off)."),
+    top_k: int = typer.Option(defaults.TOP_K, "--top-k", help="Sample among the k most likely tokens (0 = off)."),
+    min_p: float = typer.Option(defaults.MIN_P, "--min-p", help="Drop tokens below min-p times the top probability (0 = off)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed: same seed, same text. Default: random.", show_default=False),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="System message (chat template only).", show_default=False),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object with text and stats instead of streaming."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No live stats, summary or notices on stderr."),
     color: bool = typer.Option(False, "--color", help="Colour the text that came from accepted drafts."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
 ):
     """Generate text from a prompt, speculating with an n-gram predictor."""
-    from .decode import Prefilled, check_settings, generate
+    from .decode import generate
     from .display import TextView
     from .drafter import make_drafter
+    from .events import Prefilled
     from .prompts import encode_prompt, read_prompt
+    from .report import DraftMode, summary
     from .sampling import make_selector
     from .stats import RunStats
 
-    check_settings(max_tokens=max_tokens, draft=draft)
-    selector = make_selector(temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
-    make_drafter(draft, max_order=ngram_order, window=window)  # bad settings fail before the load
-    text = read_prompt(prompt, file, sys.stdin)
-    loaded = registry.load(_resolve_model(model))
-    ids = encode_prompt(loaded.tokenizer, text, chat=loaded.spec.chat_template and not raw, system=system)
-
-    def notice(message: str):
-        if not quiet:
-            sys.stderr.write(f"specgen: {message}\n")
-
-    mem, mem_path, mem_warned = _read_memory(loaded, ngram_order, notice) if memory else (None, None, False)
+    say = Notices(quiet)
+    say.settings(check(max_tokens=max_tokens, draft=draft, ngram_order=ngram_order, window=window,
+                       temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, dtype=dtype))
     if memory and draft is not None:
-        notice("--memory drafts only with the adaptive drafter (no --draft); this run just adds its output to it")
-    cost, mode_note, ahead = _cost_for(loaded, draft, recalibrate, notice)
-    predictor, cap, mode = make_drafter(draft, max_order=ngram_order, window=window, memory=mem,
-                                        cost=cost)
-    stats = RunStats(model=loaded.spec.name, draft_mode=mode + mode_note, temp=temp,
+        say.warn("--memory drafts only with the adaptive drafter (no --draft); this run just adds its output to it")
+    selector = make_selector(temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+    text = read_prompt(prompt, file, sys.stdin)
+    loaded = load(model, dtype, say)
+    ids = encode_prompt(loaded.tokenizer, text, chat=loaded.spec.chat_template and not raw, system=system)
+    mem, mem_path = read_memory(loaded, ngram_order, say) if memory else (None, None)
+    found = costs(loaded, recalibrate, say) if draft is None else None
+    drafter = make_drafter(draft, max_order=ngram_order, window=window, memory=mem,
+                           cost=found.drafting if found else None)
+    mode = DraftMode("auto" if draft is None else "fixed", defaults.MAX_DRAFT if draft is None else draft,
+                     found.curve if found else None)
+    stats = RunStats(model=loaded.spec.name, draft_mode=str(mode), temp=temp,
                      seed=getattr(selector, "seed", None))
-    events = generate(loaded.model, ids, predictor=predictor, draft=cap, max_tokens=max_tokens,
+    events = generate(loaded.model, ids, drafter=drafter, draft=mode.cap, max_tokens=max_tokens,
                       stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
-                      selector=selector, pipeline_after=ahead)
+                      selector=selector, queue_after=found.queue_after if found else None)
 
     interrupted = False
     out_ids: list[int] = []
@@ -149,11 +112,11 @@ def run(
             for event in events:
                 stats.observe(event)
                 if isinstance(event, Prefilled):
-                    if event.speculation != "on" and draft != 0:
-                        notice(f"speculation {event.speculation}; decoding plainly")
+                    if not event.speculation.on and draft != 0:
+                        say(f"speculation {event.speculation}; decoding plainly")
                     continue
                 if event.notice:
-                    notice(event.notice)
+                    say(event.notice)
                 out_ids.extend(event.tokens)
                 view.show(event, stats)
         except KeyboardInterrupt:
@@ -161,142 +124,13 @@ def run(
             stats.stop_reason = "interrupted"
         out_text = view.finish()
     if mem is not None and out_ids and not interrupted:
-        mem.add(out_ids)
-        warning = mem.save(mem_path)
-        if warning and not mem_warned:
-            notice(f"warning: {warning} (replaced)")
+        save_memory(mem, mem_path, out_ids, say)
     if json_out:
-        sys.stdout.write(json.dumps({"text": out_text, **stats.to_dict()}) + "\n")
+        sys.stdout.write(json.dumps({"text": out_text, **stats.to_dict()}, allow_nan=False) + "\n")
     elif not quiet:
-        sys.stderr.write(stats.summary() + "\n")
+        sys.stderr.write(summary(stats, mode) + "\n")
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
-
-
-def _read_memory(loaded, ngram_order: int, notice):
-    """(memory, its file, whether the file was unusable): this model's memory, empty if none;
-    `notice` gets the warning for an unusable file."""
-    from .memory import NGramMemory, memory_path
-
-    path = memory_path(loaded.key)
-    mem, warning = NGramMemory.load(path, loaded.key, max_order=ngram_order)
-    if warning:
-        notice(f"warning: {warning}")
-    return mem, path, bool(warning)
-
-
-@app.command()
-@cli_errors
-def simulate(
-    traces: list[str] = typer.Argument(..., help="Trace files (JSONL): {prompt, output} text or {prompt_ids, output_ids}."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", "-t", show_default=False,
-                                            help="Sentencepiece .model, tokenizer.json, or a model folder or alias (needed for text traces)."),
-    draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
-                                        help="Fixed draft length with the plain n-gram predictor (as run --draft). Default: the adaptive drafter."),
-    ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
-    window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
-    beta: float = typer.Option(defaults.BETA, "--beta", help="Verify cost per drafted token, relative to one forward pass."),
-    memory: bool = typer.Option(False, "--memory", help="Replay each file's traces in order into a memory of its own that starts empty (a file is one model's outputs)."),
-    pipeline_after: Optional[int] = typer.Option(None, "--pipeline-after", show_default=False,
-                                                 help="Replay as run does where queuing plain steps ahead pays: after N silent drafter steps, a step drafts nothing."),
-    overlap: float = typer.Option(0.0, "--overlap",
-                                  help="Share of a plain step that queuing it ahead saves (run's calibration measures it): queued steps, and mlx-lm's plain decoding, cost that much less."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per file."),
-):
-    """Replay real model outputs through the drafter: steps, acceptance and predicted speedup."""
-    from .calibrate import drafting_cost
-    from .decode import check_settings
-    from .drafter import linear_cost, make_drafter
-    from .memory import NGramMemory
-    from .simulate import load_tokenizer, read_traces, simulate_file
-
-    check_settings(max_tokens=1, draft=draft)
-    if beta < 0:
-        raise SpecgenError(f"--beta must be 0 or more (got {beta})")
-    if pipeline_after is not None and pipeline_after < 1:
-        raise SpecgenError(f"--pipeline-after must be at least 1 (got {pipeline_after})")
-    if not 0 <= overlap < 1:
-        raise SpecgenError(f"--overlap must be at least 0 and below 1 (got {overlap})")
-    _, cap, mode = make_drafter(draft, max_order=ngram_order, window=window)  # fails early if bad
-    encode = load_tokenizer(tokenizer) if tokenizer else None
-    cost = drafting_cost(linear_cost(beta), overlap, pipeline_after)  # as run's, for this policy
-
-    def replay_file(path):
-        # A memory holds one model's outputs, as run's does: files (models) do not share one.
-        mem = NGramMemory("simulate", max_order=ngram_order) if memory else None
-        return simulate_file(
-            path, read_traces(path, encode),
-            lambda: make_drafter(draft, max_order=ngram_order, window=window, cost=cost, memory=mem)[0],
-            draft=cap, beta=beta, memory=mem, pipeline_after=pipeline_after, overlap=overlap)
-
-    reports = [replay_file(path) for path in traces]
-    if json_out:
-        sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
-        return
-    from .report import simulate_table
-
-    simulate_table(reports, draft_mode=mode, beta=beta, memory=memory, pipeline_after=pipeline_after,
-                   overlap=overlap)
-
-
-@app.command()
-@cli_errors
-def bench(
-    model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
-                              help="Alias from models.toml, Hugging Face repo id, or local folder."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", show_default=False,
-                                          help="Your prompts: one per line, or JSONL {\"prompt\", \"set\"}. Default: built-in sets."),
-    max_tokens: int = typer.Option(defaults.BENCH_MAX_TOKENS, "-n", "--max-tokens", help="Tokens per prompt."),
-    repeats: int = typer.Option(defaults.BENCH_REPEATS, "--repeats", help="Timed rounds per set."),
-    draft: Optional[int] = typer.Option(None, "--draft", show_default=False, help="Fixed draft length (as run --draft); default: adaptive."),
-    recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure the verify-cost curve again."),
-    memory: bool = typer.Option(False, "--memory", help="Draft with this model's memory of earlier outputs, read-only (bench adds nothing to it)."),
-    raw: bool = typer.Option(False, "--raw", help="Send prompts without the chat template."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per prompt set."),
-):
-    """Measure specgen against mlx-lm's plain greedy decoding on the same prompts."""
-    from .bench import builtin_sets, read_prompt_file, run_set
-    from .decode import check_settings
-    from .drafter import make_drafter
-    from .prompts import encode_prompt
-
-    check_settings(max_tokens=max_tokens, draft=draft)
-    if memory and draft is not None:
-        raise SpecgenError("--memory drafts only with the adaptive drafter: leave out --draft")
-    if repeats < 1:
-        raise SpecgenError(f"--repeats must be at least 1 (got {repeats})")
-    sets = read_prompt_file(prompts) if prompts else None
-    loaded = registry.load(_resolve_model(model))
-    chat = loaded.spec.chat_template and not raw and getattr(loaded.tokenizer, "has_chat_template", False)
-    sets = sets or builtin_sets(chat)
-
-    def progress(message):
-        sys.stderr.write(f"specgen bench: {message}\n")
-
-    cost, note, ahead = _cost_for(loaded, draft, recalibrate, progress)
-    mem = _read_memory(loaded, defaults.MAX_ORDER, progress)[0] if memory else None
-    if mem is not None and not mem.outputs():
-        progress(f"warning: {loaded.spec.name} has no memory yet; `specgen run --memory` builds it")
-    mode = make_drafter(draft)[2] + note + (f", memory of {mem.outputs()} earlier outputs" if mem else "")
-    results = []
-    for name, texts in sets.items():
-        ids = [encode_prompt(loaded.tokenizer, t, chat=chat) for t in texts]
-        progress(f"{name}: {len(ids)} prompt(s) x {repeats} rounds, {max_tokens} tokens each")
-        res = run_set(name, loaded.model, ids, max_tokens=max_tokens, repeats=repeats,
-                      stop=loaded.stop_ids, context_length=loaded.context_length, pipeline_after=ahead,
-                      make=lambda: make_drafter(draft, cost=cost,
-                                                memory=mem.reader() if mem else None)[:2])
-        results.append(res.to_dict())
-    for r in results:
-        for d in r["divergences"]:
-            progress(f"{r['set']}: prompt {d['prompt']} diverges from mlx-lm at token {d['at_token']}")
-    if json_out:
-        sys.stdout.write(json.dumps([{"model": loaded.spec.name, "draft_mode": mode, **r} for r in results],
-                                    indent=1) + "\n")
-        return
-    from .report import bench_table
-
-    bench_table(results, model=loaded.spec.name, draft_mode=mode)
 
 
 @app.command()

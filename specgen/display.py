@@ -13,7 +13,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from .decode import Step
+from .events import Step
+from .report import status_line
 from .stats import RunStats
 
 DRAFT_STYLE = "cyan"  # --color: text that came from accepted drafts
@@ -60,7 +61,7 @@ class TextView:
         now = time.monotonic()
         if self._live and now - self._shown >= UPDATE_EVERY_S:
             self._shown = now
-            status = Text(stats.status_line(), style="dim")
+            status = Text(status_line(stats), style="dim")
             self._live.update(Group(self._line, status) if self._in_live else status)
 
     def finish(self) -> str:

@@ -1,4 +1,8 @@
-"""Typed errors: the CLI turns each into a one-line message and exit code 1."""
+"""Typed errors: the CLI turns each into a one-line message and exit code 1.
+
+Library errors name the parameter they are about (`SettingError.param`); the CLI maps it to its
+flag.
+"""
 
 
 class SpecgenError(Exception):
@@ -7,6 +11,20 @@ class SpecgenError(Exception):
 
 class InputError(SpecgenError):
     """The prompt or an option is unusable (empty, unreadable, too long...)."""
+
+
+class SettingError(InputError):
+    """A setting that cannot be used: `param` (the library's name for it) `requirement`, and
+    the `value` it got, if that says more."""
+
+    def __init__(self, param: str, requirement: str, value=None):
+        self.param, self.requirement, self.value = param, requirement, value
+        super().__init__(self.naming(param))
+
+    def naming(self, name: str) -> str:
+        """The message with the setting called `name` (a CLI flag, say)."""
+        got = "" if self.value is None else f" (got {self.value})"
+        return f"{name} {self.requirement}{got}"
 
 
 class ConfigError(SpecgenError):

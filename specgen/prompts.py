@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
-from .errors import InputError
+from .errors import InputError, SettingError
 
 
 def _read_file(path: str) -> str:
@@ -56,13 +56,15 @@ def read_prompt(argument: str | None, file: str | None, stdin: TextIO) -> str:
     return text
 
 
-def encode_prompt(tokenizer, text: str, *, chat: bool, system: str | None = None) -> list[int]:
-    """Token ids for `text`: through the tokenizer's chat template when `chat` and it has one."""
+def encode_prompt(tokenizer, prompt: str | list[dict], *, chat: bool, system: str | None = None
+                  ) -> list[int]:
+    """Token ids for a prompt (a user message, or a conversation: {"role", "content"} dicts
+    ending with a user turn): through the tokenizer's chat template when `chat` and it has one,
+    else the text (a conversation's turns joined by blank lines)."""
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if chat and getattr(tokenizer, "has_chat_template", False):
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": text}
-        ]
+        messages = ([{"role": "system", "content": system}] if system else []) + messages
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     if system:
-        raise InputError("--system needs a chat template, and this model has none (or --raw is set)")
-    return list(tokenizer.encode(text))
+        raise SettingError("system", "needs a chat template, and this model has none (or raw is set)")
+    return list(tokenizer.encode("\n\n".join(m["content"] for m in messages)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -41,7 +43,8 @@ class LoadedModel:
     tokenizer: object
     context_length: int | None
     stop_ids: frozenset = field(default_factory=frozenset)
-    key: str = ""  # what identifies the weights: the repo id, or the folder's absolute path
+    key: str = ""  # what identifies the weights (model_key)
+    warnings: list[str] = field(default_factory=list)  # things the user set that will not hold
 
 
 def packaged_models_file() -> Path:
@@ -124,8 +127,67 @@ def _context_length(config: dict) -> int | None:
     return None
 
 
-def load(spec: ModelSpec) -> LoadedModel:
-    """Load a model and tokenizer with mlx_lm.load, turning every failure into a one-line ModelError."""
+def _stop_id(tokenizer, stop) -> int | None:
+    """The id of a stop token given as a string or an id, or None if the vocabulary lacks it."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    if isinstance(stop, int):
+        return stop if 0 <= stop < max(len(vocab), getattr(tokenizer, "vocab_size", 0) or 0) else None
+    return vocab.get(stop)
+
+
+_PROBE = 1 << 16  # bytes read from each end of a weights file to tell one model from another
+
+
+def model_key(spec: ModelSpec) -> str:
+    """What identifies a model's weights, for its memory and calibration: the repo id, the
+    bundled name, or for a local folder a hash of its config and weights files (their names,
+    sizes and both ends), so that a moved or copied folder keeps its memory and two folders
+    never share one."""
+    if spec.source.startswith(BUNDLED_PREFIX):
+        return spec.source  # the same everywhere the package is installed
+    local = Path(local_source(spec.source))
+    if not local.exists() and _REPO_ID.match(spec.source):
+        return spec.source
+    digest = hashlib.sha256()
+    try:
+        digest.update((local / "config.json").read_bytes())
+        for weights in sorted(local.glob("*.safetensors")):
+            size = weights.stat().st_size
+            digest.update(f"{weights.name}:{size}".encode())
+            with open(weights, "rb") as f:
+                digest.update(f.read(_PROBE))
+                f.seek(max(size - _PROBE, 0))
+                digest.update(f.read(_PROBE))
+    except OSError as e:
+        raise ModelError(f"cannot read the model folder {local}: {e.strerror or e}") from e
+    return f"folder:{local.resolve().name}:{digest.hexdigest()[:16]}"
+
+
+def _read_config(local: Path) -> dict:
+    try:
+        config = json.loads((local / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelError(f"{local / 'config.json'} is not a readable JSON model config ({e})") from e
+    if not isinstance(config, dict):
+        raise ModelError(f"{local / 'config.json'} is not a JSON object")
+    return config
+
+
+def to_dtype(model, dtype: str):
+    """The model with its weights in `dtype`, dequantized first if they are quantized (on a CPU
+    without a batched quantized matmul, float32 weights are the memory-bound case Macs have)."""
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model
+
+    model = dequantize_model(model)
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    return model
+
+
+def load(spec: ModelSpec, *, dtype: str | None = None) -> LoadedModel:
+    """Load a model and tokenizer with mlx_lm.load, turning every failure into a one-line
+    ModelError; `dtype` converts (and dequantizes) the weights."""
     import mlx_lm  # deferred: importing mlx-lm costs a second that `specgen models` need not pay
 
     source = local_source(spec.source)
@@ -136,6 +198,7 @@ def load(spec: ModelSpec) -> LoadedModel:
             raise ModelError(f"no such model folder: {source}")
         if not (local / "config.json").is_file():
             raise ModelError(f"{source} is not a model folder (no config.json in it)")
+        _read_config(local)
     try:
         model, tokenizer, config = mlx_lm.load(source, return_config=True)
     except Exception as e:  # mlx-lm and huggingface_hub raise many types; each becomes one line
@@ -143,13 +206,16 @@ def load(spec: ModelSpec) -> LoadedModel:
         if is_repo and type(e).__module__.startswith("huggingface_hub"):
             raise ModelError(f"cannot download '{source}' from Hugging Face (offline?): {reason}") from e
         raise ModelError(f"cannot load model '{spec.name}': {reason}") from e
+    if dtype is not None:
+        model = to_dtype(model, dtype)
+    warnings = []
+    stop_ids = set(tokenizer.eos_token_ids)
     for stop in spec.stop_tokens:
-        try:
-            tokenizer.add_eos_token(str(stop))
-        except ValueError as e:
-            raise ModelError(f"stop token {stop!r} of '{spec.name}' is not in its vocabulary") from e
-    key = source if is_repo else str(local.resolve())
-    if spec.source.startswith(BUNDLED_PREFIX):
-        key = spec.source  # the same everywhere the package is installed
+        found = _stop_id(tokenizer, stop)
+        if found is None:
+            warnings.append(f"stop token {stop!r} of '{spec.name}' is not in the model's vocabulary: "
+                            "generation will not stop at it")
+        else:
+            stop_ids.add(found)
     return LoadedModel(spec, model, tokenizer, spec.context_length or _context_length(config),
-                       frozenset(tokenizer.eos_token_ids), key)
+                       frozenset(stop_ids), model_key(spec), warnings)

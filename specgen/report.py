@@ -1,24 +1,91 @@
-"""Rich tables for `simulate` and `bench` (the library itself never prints; these are for the CLI)."""
+"""Every text specgen shows about a run: the live status line, the one-line summary, the cost curve
+and draft mode, and the `simulate` and `bench` tables (the library itself never prints)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+from .cost import Curve, queue_after
+from .stats import RunStats
+
+
+@dataclass(frozen=True)
+class DraftMode:
+    """How draft lengths are chosen: "auto" (the adaptive drafter, up to `cap`, under `curve`) or
+    "fixed" (the n-gram predictor, exactly up to `cap`)."""
+
+    kind: str
+    cap: int
+    curve: Curve | None = None
+    memory_outputs: int | None = None  # drafting with a memory of this many earlier outputs
+
+    @property
+    def short(self) -> str:
+        """e.g. "auto (up to 64)" or "fixed 4"."""
+        return f"auto (up to {self.cap})" if self.kind == "auto" else f"fixed {self.cap}"
+
+    def __str__(self) -> str:
+        """The short form with the curve and the memory, as JSON's draft_mode."""
+        text = self.short
+        if self.curve is not None:
+            text += f", {describe_curve(self.curve)}"
+        if self.memory_outputs is not None:
+            text += f", memory of {self.memory_outputs} earlier outputs"
+        return text
 
 
 def queued_ahead(after: int) -> str:
-    """How a pipeline_after policy reads in reports (run's summary, bench's and simulate's titles)."""
+    """How a queue_after policy reads in titles and summaries."""
     return f"plain steps queued ahead after {after} silent {'one' if after == 1 else 'ones'}"
 
 
+def describe_curve(curve: Curve) -> str:
+    """e.g. "cost x1.00/1.21/1.45/2.03 at 1/2/4/8 positions", and how plain steps run."""
+    ks = [k for k in sorted(curve.relative) if k <= 16]
+    text = ("cost x" + "/".join(f"{curve.relative[k]:.2f}" for k in ks) + " at "
+            + "/".join(map(str, ks)) + " positions")
+    ahead = queue_after(curve.overlap)
+    if ahead is not None:
+        text += f"; {queued_ahead(ahead)} (saves {curve.overlap:.0%})"
+    return text
+
+
+def status_line(stats: RunStats) -> str:
+    """The live line shown while generating."""
+    c = stats.counts
+    return (f"{c.tokens} tok  {stats.decode_tps:.1f} tok/s  "
+            f"accept {c.acceptance_rate:.0%}  {c.tokens_per_step:.2f} tok/step")
+
+
+def summary(stats: RunStats, mode: DraftMode) -> str:
+    """The one-line report printed after generating."""
+    c = stats.counts
+    if stats.speculation.on:
+        spec = (f"draft {mode.short}: accepted {c.accepted}/{c.drafted} ({c.acceptance_rate:.0%}), "
+                f"{c.tokens_per_step:.2f} tok/step")
+    else:
+        spec = f"speculation {stats.speculation}"
+    seed = f"; seed {stats.seed}" if stats.seed is not None else ""
+    return (f"{stats.model}: {stats.prompt_tokens} prompt tok in {stats.prefill_s:.2f}s; "
+            f"{c.tokens} tok in {stats.decode_s:.2f}s ({stats.decode_tps:.1f} tok/s), "
+            f"{c.steps} steps; {spec}{seed}; stop: {stats.stop_reason}")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, width=max(Console().width, 110))
+
+
 def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool,
-                   pipeline_after: int | None = None, overlap: float = 0.0) -> None:
+                   queue_after: int | None = None, overlap: float = 0.0) -> None:
     """One row per file and per category within it."""
+    from rich.table import Table
+
     title = f"drafter {draft_mode}, verify cost 1 + {beta} x drafted" + (", memory on" if memory else "")
-    if pipeline_after is not None:
-        title += f", {queued_ahead(pipeline_after)}"
+    if queue_after is not None:
+        title += f", {queued_ahead(queue_after)}"
     if overlap:
         title += f", queuing ahead saves {overlap:.0%} (mlx-lm queues every step)"
     table = Table(title=title, title_justify="left")
@@ -39,21 +106,23 @@ def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool,
                           f"{d['us_per_token']:.1f}" + (f" ({d['us_per_token_median']:.1f})"
                                                         if "us_per_token_median" in d else ""),
                           style=style)
-    Console(highlight=False, width=max(Console().width, 110)).print(table)
+    _console().print(table)
 
 
-def bench_table(results, *, model: str, draft_mode: str) -> None:
-    """One row per prompt set: both speeds, the speedup spread, and whether outputs matched."""
-    from .calibrate import blas
+def bench_table(results, *, model: str, draft_mode: str, blas: str) -> None:
+    """One row per prompt set: both speeds, the speedup spread, the replay's prediction, and
+    whether outputs matched."""
+    from rich.table import Table
 
-    table = Table(title=f"{model}: specgen (draft {draft_mode}) vs mlx-lm greedy; {blas()}",
+    table = Table(title=f"{model}: specgen (draft {draft_mode}) vs mlx-lm greedy; {blas}",
                   title_justify="left")
-    for col in ("set", "mlx-lm tok/s", "specgen tok/s", "speedup (min-max)", "tok/step", "accept",
-                "identical"):
+    for col in ("set", "mlx-lm tok/s", "specgen tok/s", "speedup (min-max)", "predicted", "tok/step",
+                "accept", "identical"):
         table.add_column(col, justify="left" if col == "set" else "right")
     for r in results:
         table.add_row(r["set"], f"{r['baseline_tps']:.1f}", f"{r['specgen_tps']:.1f}",
                       f"{r['speedup_median']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})",
-                      f"{r['tokens_per_step']:.2f}", f"{r['acceptance_rate']:.0%}",
-                      "yes" if r["identical"] else "NO")
-    Console(highlight=False, width=max(Console().width, 110)).print(table)
+                      f"{r['predicted_speedup']:.2f}x", f"{r['tokens_per_step']:.2f}",
+                      f"{r['acceptance_rate']:.0%}", "yes" if r["identical"] else "NO")
+    _console().print(table)
+

@@ -14,8 +14,8 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from . import defaults
-from .errors import InputError
-from .predictor import fnv1a_64
+from .ngram import fnv1a_64
+from .settings import check
 
 
 class Selector(Protocol):
@@ -47,16 +47,9 @@ class Sampler:
     speculation keeps the sampling distribution exactly, and one seed gives one output.
     """
 
-    def __init__(self, temp: float, *, top_p: float = 0.0, top_k: int = 0, min_p: float = 0.0,
-                 seed: int = 0):
-        if temp <= 0:
-            raise InputError(f"--temp must be above 0 for sampling (got {temp}); 0 means greedy")
-        if not 0 <= top_p <= 1:
-            raise InputError(f"--top-p must be between 0 and 1 (got {top_p})")
-        if not 0 <= min_p <= 1:
-            raise InputError(f"--min-p must be between 0 and 1 (got {min_p})")
-        if top_k < 0:
-            raise InputError(f"--top-k must be 0 (off) or more (got {top_k})")
+    def __init__(self, temp: float, *, top_p: float = defaults.TOP_P, top_k: int = defaults.TOP_K,
+                 min_p: float = defaults.MIN_P, seed: int = 0):
+        check(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
         self.temp, self.top_p, self.top_k, self.min_p, self.seed = temp, top_p, top_k, min_p, seed
 
     def _choose(self, logits: mx.array, first_position: int) -> mx.array:
@@ -82,12 +75,12 @@ class Sampler:
         return self._choose(logits, position).tolist()
 
 
-def make_selector(temp: float = defaults.TEMP, *, top_p: float = 0.0, top_k: int = 0,
-                  min_p: float = 0.0, seed: int | None = None) -> Selector:
+def make_selector(temp: float = defaults.TEMP, *, top_p: float = defaults.TOP_P,
+                  top_k: int = defaults.TOP_K, min_p: float = defaults.MIN_P,
+                  seed: int | None = None) -> Selector:
     """Greedy at temperature 0, else a Sampler; no seed means a fresh random one (see `.seed`)."""
+    check(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
     if temp == 0:
         return GREEDY
-    if temp < 0:
-        raise InputError(f"--temp must be 0 (greedy) or more (got {temp})")
     seed = secrets.randbits(32) if seed is None else seed
     return Sampler(temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)

@@ -1,11 +1,15 @@
-"""Run statistics, computed from the decode loop's events, and their one-line and JSON forms."""
+"""Counting what a generation did: one set of step counters (`Counts`) for `run`, `bench` and
+`simulate`'s replay, and a run's statistics (`RunStats`) computed from the decode loop's events,
+with their JSON form. Text lines are report's and display's.
+"""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
-from .decode import Prefilled, Step
+from .events import Prefilled, Speculation, Step
 
 
 def ratio(num: float, den: float) -> float:
@@ -14,22 +18,66 @@ def ratio(num: float, den: float) -> float:
 
 
 @dataclass
+class Counts:
+    """Target forward passes after prefill (`steps`), the tokens they emitted, the draft tokens
+    they verified and accepted, and how many steps accepted k drafts (`histogram[k]`)."""
+
+    steps: int = 0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    histogram: list[int] = field(default_factory=list)
+
+    def add_step(self, tokens: int, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.drafted += drafted
+        self.accepted += accepted
+        if len(self.histogram) <= accepted:
+            self.histogram.extend([0] * (accepted + 1 - len(self.histogram)))
+        self.histogram[accepted] += 1
+
+    def add(self, other: "Counts") -> None:
+        self.steps += other.steps
+        self.tokens += other.tokens
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        for k, n in enumerate(other.histogram):
+            if len(self.histogram) <= k:
+                self.histogram.append(0)
+            self.histogram[k] += n
+
+    @property
+    def tokens_per_step(self) -> float:
+        return ratio(self.tokens, self.steps)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return ratio(self.accepted, self.drafted)
+
+    @property
+    def drafted_per_step(self) -> float:
+        return ratio(self.drafted, self.steps)
+
+
+def finite(x: float) -> float | None:
+    """x for JSON, which has no NaN or Infinity: None in their place."""
+    return x if math.isfinite(x) else None
+
+
+@dataclass
 class RunStats:
     """Counts and timings of one generation; feed it every event with `observe`."""
 
     model: str = ""
-    speculation: str = "on"
     draft_mode: str = ""
     temp: float = 0.0
     seed: int | None = None  # the sampling seed (None when greedy), so a run can be repeated
+    speculation: Speculation = Speculation(True)
     prompt_tokens: int = 0
-    generated_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    accept_histogram: list[int] = field(default_factory=list)  # [k] = steps that accepted k drafts
+    counts: Counts = field(default_factory=Counts)
     stop_reason: str | None = None
     notices: list[str] = field(default_factory=list)
     _start: float = field(default_factory=time.perf_counter, repr=False)
@@ -44,13 +92,7 @@ class RunStats:
             self.prefill_s = now - self._start
             self._decode_start = now
             return
-        self.steps += 1
-        self.generated_tokens += len(event.tokens)
-        self.drafted += event.drafted
-        self.accepted += event.accepted
-        if len(self.accept_histogram) <= event.accepted:
-            self.accept_histogram.extend([0] * (event.accepted + 1 - len(self.accept_histogram)))
-        self.accept_histogram[event.accepted] += 1
+        self.counts.add_step(len(event.tokens), event.drafted, event.accepted)
         if event.stop_reason:
             self.stop_reason = event.stop_reason
         if event.notice:
@@ -59,49 +101,27 @@ class RunStats:
 
     @property
     def decode_tps(self) -> float:
-        return ratio(self.generated_tokens, self.decode_s)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return ratio(self.accepted, self.drafted)
-
-    @property
-    def tokens_per_step(self) -> float:
-        return ratio(self.generated_tokens, self.steps)
+        return ratio(self.counts.tokens, self.decode_s)
 
     def to_dict(self) -> dict:
         """The documented JSON fields (see README, "JSON output")."""
+        c = self.counts
         return {
             "model": self.model,
             "prompt_tokens": self.prompt_tokens,
-            "generated_tokens": self.generated_tokens,
+            "generated_tokens": c.tokens,
             "prefill_s": round(self.prefill_s, 6),
             "decode_s": round(self.decode_s, 6),
             "decode_tps": round(self.decode_tps, 3),
-            "steps": self.steps,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "tokens_per_step": round(self.tokens_per_step, 4),
-            "accept_histogram": list(self.accept_histogram),
-            "speculation": self.speculation,
+            "steps": c.steps,
+            "drafted": c.drafted,
+            "accepted": c.accepted,
+            "acceptance_rate": round(c.acceptance_rate, 4),
+            "tokens_per_step": round(c.tokens_per_step, 4),
+            "accept_histogram": list(c.histogram),
+            "speculation": str(self.speculation),
             "draft_mode": self.draft_mode,
-            "temp": self.temp,
+            "temp": finite(self.temp),
             "seed": self.seed,
             "stop_reason": self.stop_reason,
         }
-
-    def status_line(self) -> str:
-        """The live line shown while generating."""
-        return (f"{self.generated_tokens} tok  {self.decode_tps:.1f} tok/s  "
-                f"accept {self.acceptance_rate:.0%}  {self.tokens_per_step:.2f} tok/step")
-
-    def summary(self) -> str:
-        """The one-line report printed after generating."""
-        spec = (f"draft {self.draft_mode.split(',')[0]}: accepted {self.accepted}/{self.drafted} "
-                f"({self.acceptance_rate:.0%}), {self.tokens_per_step:.2f} tok/step"
-                if self.speculation == "on"
-                else f"speculation {self.speculation}")
-        return (f"{self.model}: {self.prompt_tokens} prompt tok in {self.prefill_s:.2f}s; "
-                f"{self.generated_tokens} tok in {self.decode_s:.2f}s ({self.decode_tps:.1f} tok/s), "
-                f"{self.steps} steps; {spec}; stop: {self.stop_reason}")

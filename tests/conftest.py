@@ -10,7 +10,8 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from specgen import registry
-from specgen.decode import Prefilled, generate
+from specgen.decode import generate
+from specgen.events import Prefilled
 
 DATA = Path(__file__).parent / "data"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -6,10 +6,10 @@ import sys
 
 import mlx.core as mx
 import pytest
+from conftest import TINY, tiny_model
 from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
-from conftest import TINY, tiny_model
 from specgen import registry
 from specgen.cli import app
 
@@ -90,7 +90,7 @@ def test_demo_stops_at_the_end_of_the_story():
     (["run", "-n", "0", "x"], None, "--max-tokens must be at least 1"),
     (["run", "-n", "-3", "x"], None, "--max-tokens must be at least 1"),
     (["run", "--draft", "-1", "x"], None, "--draft must be 0 or more"),
-    (["run", "--ngram-order", "1", "x"], None, "n-gram order"),
+    (["run", "--ngram-order", "1", "x"], None, "--ngram-order must be between 2 and 16 (got 1)"),
     (["run", "--temp", "-0.5", "x"], None, "--temp must be 0 (greedy) or more"),
     (["run", "--temp", "1", "--top-p", "1.5", "x"], None, "--top-p must be between 0 and 1"),
     (["run", "-f", "/nonexistent/prompt.txt"], None, "no such file: /nonexistent/prompt.txt"),

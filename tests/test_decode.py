@@ -1,11 +1,12 @@
 import random
 
 import pytest
+from conftest import ScriptedModel, plain_tokens, run, tiny_model
 from mlx_lm.models.cache import make_prompt_cache
 
-from conftest import ScriptedModel, plain_tokens, run, tiny_model
-from specgen.decode import Step, generate
+from specgen.decode import generate
 from specgen.errors import InputError
+from specgen.events import Step
 
 REPETITIVE = [10, 11, 12, 13, 14, 15] * 5
 NOVEL = random.Random(0).sample(range(3, 500), 30)
@@ -24,7 +25,7 @@ def test_golden_greedy_on_stories260k(stories, golden, draft):
 def test_speculative_output_equals_mlx_lm_plain_greedy(arch, prompt, stories):
     model = stories.model if arch == "stories" else tiny_model(arch)
     tokens, steps, pre = run(model, prompt, max_tokens=200)
-    assert pre.speculation == "on"
+    assert pre.speculation.on
     assert tokens == plain_tokens(model, prompt, 200)
     if prompt is REPETITIVE:
         assert sum(s.accepted for s in steps) > 0
@@ -44,7 +45,7 @@ def test_sliding_window_cache_stops_speculating_when_it_would_wrap_and_says_so()
 def test_cache_that_cannot_roll_back_decodes_plainly_and_says_why():
     model = tiny_model("mamba")
     tokens, steps, pre = run(model, REPETITIVE, max_tokens=60)
-    assert pre.speculation.startswith("off:") and "ArraysCache" in pre.speculation
+    assert not pre.speculation.on and "ArraysCache" in pre.speculation.reason
     assert all(s.drafted == 0 and s.notice is None for s in steps)
     assert tokens == plain_tokens(model, REPETITIVE, 60)
 
@@ -116,7 +117,7 @@ def test_plain_steps_queued_ahead_change_nothing_but_the_drafting(stories, ahead
     # the run (a step queued past the last token is rolled back).
     cache = make_prompt_cache(stories.model)
     prompt = stories.tokenizer.encode("Once upon a time, there was a dog. The dog was happy.")
-    tokens, steps, _ = run(stories.model, prompt, max_tokens=150, pipeline_after=ahead,
+    tokens, steps, _ = run(stories.model, prompt, max_tokens=150, queue_after=ahead,
                            prompt_cache=cache)
     assert tokens == plain_tokens(stories.model, prompt, 150)
     assert all(c.offset == len(prompt) + len(tokens) - 1 for c in cache)
@@ -126,14 +127,14 @@ def test_plain_steps_queued_ahead_change_nothing_but_the_drafting(stories, ahead
 def test_a_step_queued_ahead_drafts_nothing_exactly_after_silence():
     # The prompt 1 2 3 4 5 teaches 1->2 ... 4->5; the model then emits 6 7 1 2 3 4 5 6 7. The
     # drafter knows nothing after 5, 6 and 7, so the first three steps are plain either way; then
-    # it drafts 2 3 4 after 1. With pipeline_after=1, the step that emits 2 was queued while the
+    # it drafts 2 3 4 after 1. With queue_after=1, the step that emits 2 was queued while the
     # drafter was still silent about 7 -> 1, so it drafts nothing; the next one drafts 3 4 5,
     # which leaves one token to go and no room to draft.
     rule = {1: 2, 2: 3, 3: 4, 4: 5, 5: 6, 6: 7, 7: 1}
     shapes = {}
     for ahead in (None, 1):
         tokens, steps, _ = run(ScriptedModel(rule), [1, 2, 3, 4, 5], max_tokens=9, draft=3,
-                               pipeline_after=ahead)
+                               queue_after=ahead)
         assert tokens == [6, 7, 1, 2, 3, 4, 5, 6, 7]
         shapes[ahead] = [(s.drafted, len(s.tokens)) for s in steps]
     assert shapes[None] == [(0, 1), (0, 1), (0, 1), (3, 4), (1, 2)]

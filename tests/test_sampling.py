@@ -1,8 +1,8 @@
 import math
 
 import pytest
-
 from conftest import TableModel, run, tiny_model
+
 from specgen.errors import InputError
 from specgen.sampling import GREEDY, Sampler, make_selector
 

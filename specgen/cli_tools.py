@@ -1,0 +1,200 @@
+"""The `simulate`, `bench` and `cache` commands (registered by cli.py): wiring only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+from . import defaults
+from .clikit import (
+    DTYPE_HELP,
+    Notices,
+    cli_errors,
+    costs,
+    fail,
+    load,
+    read_memory,
+    resolve,
+)
+from .settings import check
+
+
+@cli_errors
+def simulate(
+    traces: list[str] = typer.Argument(..., help="Trace files (JSONL): {prompt, output} text or {prompt_ids, output_ids}."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", "-t", show_default=False,
+                                            help="Sentencepiece .model, tokenizer.json, or a model folder or alias (needed for text traces)."),
+    draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
+                                        help="Fixed draft length with the plain n-gram predictor (as run --draft). Default: the adaptive drafter."),
+    ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
+    window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
+    beta: float = typer.Option(defaults.BETA, "--beta", help="Verify cost per drafted token, relative to one forward pass."),
+    memory: bool = typer.Option(False, "--memory", help="Replay each file's traces in order into a memory of its own that starts empty (a file is one model's outputs)."),
+    pipeline_after: Optional[int] = typer.Option(None, "--pipeline-after", show_default=False,
+                                                 help="Replay as run does where queuing plain steps ahead pays: after N silent drafter steps, a step drafts nothing."),
+    overlap: float = typer.Option(0.0, "--overlap",
+                                  help="Share of a plain step that queuing it ahead saves (run's calibration measures it): queued steps, and mlx-lm's plain decoding, cost that much less."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per file."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr."),
+):
+    """Replay real model outputs through the drafter: steps, acceptance and predicted speedup."""
+    from .cost import drafting_cost
+    from .drafter import make_drafter
+    from .length import linear_cost
+    from .memory import NGramMemory
+    from .report import DraftMode, simulate_table
+    from .simulate import simulate_file
+    from .traces import load_tokenizer, read_traces
+
+    check(draft=draft, ngram_order=ngram_order, window=window, beta=beta, queue_after=pipeline_after,
+          overlap=overlap)
+    say = Notices(quiet, "specgen simulate")
+    mode = DraftMode("auto" if draft is None else "fixed", defaults.MAX_DRAFT if draft is None else draft)
+    encode = load_tokenizer(tokenizer) if tokenizer else None
+    cost = drafting_cost(linear_cost(beta), overlap, pipeline_after)  # as run's, for this policy
+    files = [(path, read_traces(path, encode)) for path in traces]
+    reports = []
+    with say.bar("replaying", sum(len(t) for _, t in files)) as advance:
+        for path, rows in files:
+            # A memory holds one model's outputs, as run's does: files (models) do not share one.
+            mem = NGramMemory("simulate", max_order=ngram_order) if memory else None
+            reports.append(simulate_file(
+                path, rows,
+                lambda: make_drafter(draft, max_order=ngram_order, window=window, cost=cost, memory=mem),
+                draft=mode.cap, beta=beta, memory=mem, queue_after=pipeline_after, overlap=overlap,
+                progress=advance))
+    if json_out:
+        sys.stdout.write(json.dumps([r.to_dict() for r in reports], indent=1) + "\n")
+        return
+    simulate_table(reports, draft_mode=str(mode), beta=beta, memory=memory, queue_after=pipeline_after,
+                   overlap=overlap)
+
+
+@cli_errors
+def bench(
+    model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
+                              help="Alias from models.toml, Hugging Face repo id, or local folder."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", show_default=False,
+                                          help="Your prompts: one per line, or JSONL {\"prompt\" or \"messages\", \"set\"}. Default: built-in sets."),
+    max_tokens: int = typer.Option(defaults.BENCH_MAX_TOKENS, "-n", "--max-tokens", help="Tokens per prompt."),
+    repeats: int = typer.Option(defaults.BENCH_REPEATS, "--repeats", help="Timed rounds per set."),
+    draft: Optional[int] = typer.Option(None, "--draft", show_default=False, help="Fixed draft length (as run --draft); default: adaptive."),
+    recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure the verify-cost curve again."),
+    memory: bool = typer.Option(False, "--memory", help="Draft with this model's memory of earlier outputs, read-only (bench adds nothing to it)."),
+    raw: bool = typer.Option(False, "--raw", help="Send prompts without the chat template."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per prompt set."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or notices on stderr."),
+):
+    """Measure specgen against mlx-lm's plain greedy decoding on the same prompts."""
+    from .bench import builtin_sets, read_prompt_file, replayer, run_set
+    from .calibrate import blas
+    from .drafter import make_drafter
+    from .prompts import encode_prompt
+    from .report import DraftMode, bench_table
+
+    say = Notices(quiet, "specgen bench")
+    check(max_tokens=max_tokens, draft=draft, repeats=repeats, dtype=dtype)
+    if memory and draft is not None:
+        fail("--memory drafts only with the adaptive drafter: leave out --draft")
+    sets = read_prompt_file(prompts) if prompts else None
+    loaded = load(model, dtype, say)
+    chat = loaded.spec.chat_template and not raw and getattr(loaded.tokenizer, "has_chat_template", False)
+    sets = sets or builtin_sets(chat)
+    found = costs(loaded, recalibrate, say) if draft is None else None
+    mem = read_memory(loaded, defaults.MAX_ORDER, say)[0] if memory else None
+    if mem is not None and not mem.outputs():
+        say.warn(f"{loaded.spec.name} has no memory yet; `specgen run --memory` builds it")
+    mode = DraftMode("auto" if draft is None else "fixed", defaults.MAX_DRAFT if draft is None else draft,
+                     found.curve if found else None, mem.outputs() if mem else None)
+
+    def make():  # a fresh drafter per run, each with its own view of the memory
+        return make_drafter(draft, cost=found.drafting if found else None, memory=mem.reader() if mem else None)
+
+    predict = (replayer(make, mode.cap, max_tokens, found.step, found.queue_after, found.curve.overlap)
+               if found else None)
+    results = []
+    with say.bar("benchmarking", sum(len(t) for t in sets.values()) * repeats) as advance:
+        for name, texts in sets.items():
+            ids = [encode_prompt(loaded.tokenizer, t, chat=chat) for t in texts]
+            res = run_set(name, loaded.model, ids, max_tokens=max_tokens, repeats=repeats,
+                          stop=loaded.stop_ids, context_length=loaded.context_length,
+                          queue_after=found.queue_after if found else None, make=make, draft=mode.cap,
+                          predict=predict, progress=advance)
+            results.append(res.to_dict())
+    for r in results:
+        for d in r["divergences"]:
+            say(f"{r['set']}: prompt {d['prompt']} diverges from mlx-lm at token {d['at_token']}")
+    if json_out:
+        sys.stdout.write(json.dumps([{"model": loaded.spec.name, "draft_mode": str(mode), "blas": blas(), **r}
+                                     for r in results], indent=1) + "\n")
+        return
+    bench_table(results, model=loaded.spec.name, draft_mode=str(mode), blas=blas())
+
+
+cache = typer.Typer(help="Where memories and calibration curves live; clear them.", no_args_is_help=False)
+
+
+@cache.callback(invoke_without_command=True)
+@cli_errors
+def cache_list(ctx: typer.Context,
+               json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """List the cache: each model's memory files and calibration curves, and their sizes."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from . import memory_file
+    from .calibrate import calibration_file, stored_curves
+    from .store import cache_dir
+
+    memories = memory_file.stored()
+    curves = stored_curves()
+    if json_out:
+        sys.stdout.write(json.dumps({
+            "cache_dir": str(cache_dir()),
+            "memories": [{"file": str(m.path), "model": m.model, "ngram_order": m.max_order,
+                          "outputs": m.outputs, "bytes": m.size, "problem": m.problem} for m in memories],
+            "calibrations": [{"model": k.split("|", 1)[0], "machine": k.split("|", 1)[-1]} for k in curves],
+        }, indent=1) + "\n")
+        return
+    out = [f"cache directory: {cache_dir()} (set by SPECGEN_CACHE_DIR, else the platform's cache)"]
+    out.append(f"memories ({len(memories)}):")
+    for m in memories:
+        what = m.problem or f"{m.outputs} outputs, n-gram order {m.max_order}"
+        out.append(f"  {m.model}: {what}, {m.size / 1e6:.1f} MB  {m.path.name}")
+    path = calibration_file()
+    out.append(f"calibrations ({len(curves)}) in {path}:")
+    for k in curves:
+        out.append(f"  {k.split('|', 1)[0]}  ({k.split('|', 1)[-1]})")
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+@cache.command("clear")
+@cli_errors
+def cache_clear(
+    model: Optional[str] = typer.Option(None, "-m", "--model", show_default=False,
+                                        help="Clear this model's entries (alias, repo id or folder)."),
+    all_models: bool = typer.Option(False, "--all", help="Clear every model's entries."),
+    memory_only: bool = typer.Option(False, "--memory", help="Only memories."),
+    calibration_only: bool = typer.Option(False, "--calibration", help="Only calibration curves."),
+):
+    """Delete a model's (or every model's) memories and calibration curves."""
+    from pathlib import Path
+
+    from . import memory_file, registry
+    from .calibrate import forget_curves
+
+    if (model is None) == (not all_models):
+        fail("say whose entries to clear: -m MODEL or --all (one of the two)")
+    key = registry.model_key(resolve(model)) if model else None
+    removed = []
+    if not calibration_only:
+        for m in memory_file.stored():
+            if key is None or m.model == key:
+                Path(m.path).unlink()
+                removed.append(m.path.name)
+    curves = 0 if memory_only else forget_curves(key)
+    sys.stdout.write(f"removed {len(removed)} memory file(s) and {curves} calibration curve(s)"
+                     + (f" of {key}" if key else "") + "\n")

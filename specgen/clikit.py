@@ -1,0 +1,160 @@
+"""What every `specgen` command shares: turning library errors into one line and an exit code,
+flag names for the library's setting names, notices on stderr, progress bars, and loading a
+model with its measured verify cost and its memory."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+import typer
+
+from . import registry
+from .errors import SettingError, SpecgenError
+
+EXIT_ERROR, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 130, 141
+# The flag of each setting the library names in its errors and warnings.
+FLAGS = {"max_tokens": "--max-tokens", "draft": "--draft", "ngram_order": "--ngram-order",
+         "window": "--window", "temp": "--temp", "top_p": "--top-p", "top_k": "--top-k",
+         "min_p": "--min-p", "seed": "--seed", "beta": "--beta", "overlap": "--overlap",
+         "queue_after": "--pipeline-after", "repeats": "--repeats", "system": "--system",
+         "dtype": "--dtype"}
+DTYPE_HELP = "Convert (and dequantize) the weights to this dtype: float32, float16 or bfloat16."
+
+
+def fail(message: str, code: int = EXIT_ERROR):
+    sys.stderr.write(f"specgen: error: {message}\n")
+    raise typer.Exit(code)
+
+
+def cli_errors(command):
+    """Turn library errors into one line and exit 1; Ctrl-C into 130; a closed pipe into 141."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except SpecgenError as e:
+            if os.environ.get("SPECGEN_DEBUG") == "1":
+                traceback.print_exc()
+            fail(e.naming(FLAGS.get(e.param, e.param)) if isinstance(e, SettingError) else str(e))
+        except KeyboardInterrupt:
+            sys.stderr.write("specgen: interrupted\n")
+            raise typer.Exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            # The reader (e.g. `head`) is gone: stop quietly, and keep Python's exit-time flush quiet.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(EXIT_BROKEN_PIPE)
+        except (typer.Exit, click.exceptions.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as e:  # anything unforeseen still gets one line, not a traceback
+            if os.environ.get("SPECGEN_DEBUG") == "1":
+                traceback.print_exc()
+            fail(f"{type(e).__name__}: {e} (set SPECGEN_DEBUG=1 for the traceback)")
+
+    return wrapper
+
+
+class Notices:
+    """One-line notices and warnings on stderr (none with --quiet); progress only in a terminal,
+    where someone waits for it (a script's log gets nothing it did not ask for)."""
+
+    def __init__(self, quiet: bool, prefix: str = "specgen"):
+        self.quiet, self.prefix = quiet, prefix
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            sys.stderr.write(f"{self.prefix}: {message}\n")
+            sys.stderr.flush()
+
+    def warn(self, message: str) -> None:
+        self(f"warning: {message}")
+
+    def settings(self, warnings) -> None:
+        """Warnings from settings.check, by flag."""
+        for param, message in warnings:
+            self.warn(f"{FLAGS.get(param, param)} {message}")
+
+    @property
+    def shows_progress(self) -> bool:
+        return not self.quiet and sys.stderr.isatty()
+
+    def progress(self, message: str) -> None:
+        if self.shows_progress:
+            self(message)
+
+    @contextlib.contextmanager
+    def bar(self, description: str, total: int):
+        """A rich progress bar on stderr; yields advance(n) (a no-op where progress is not shown)."""
+        if not self.shows_progress:
+            yield lambda n=1: None
+            return
+        from rich.console import Console
+        from rich.progress import Progress
+
+        with Progress(console=Console(file=sys.stderr), transient=True) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda n=1: bar.advance(task, n)
+
+
+def user_models_file() -> Path:
+    """The user's own models.toml, in specgen's config directory."""
+    return Path(click.get_app_dir("specgen")) / "models.toml"
+
+
+def resolve(model: str) -> registry.ModelSpec:
+    return registry.resolve(model, registry.load_registry(user_models_file()))
+
+
+def load(model: str, dtype: str | None, say: Notices):
+    """Load a model (see registry.load), saying so in a terminal, and warning of what will not hold."""
+    spec = resolve(model)
+    say.progress(f"loading {spec.name} ...")
+    loaded = registry.load(spec, dtype=dtype)
+    for w in loaded.warnings:
+        say.warn(w)
+    return loaded
+
+
+def costs(loaded, recalibrate: bool, say: Notices):
+    """The model's measured verify cost (calibrate.model_costs), or None where nothing can be
+    speculated; it says so while the curve is measured."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .calibrate import model_costs
+    from .rollback import Rollback
+
+    if Rollback(make_prompt_cache(loaded.model)).stuck is not None:
+        return None
+    found = model_costs(loaded.model, loaded.key, loaded.tokenizer, recalibrate=recalibrate,
+                        before_measuring=lambda: say.progress(
+                            f"measuring how fast {loaded.spec.name} verifies drafts on this machine "
+                            "(once per model; a few seconds) ..."))
+    if found.warning:
+        say.warn(found.warning)
+    return found
+
+
+def read_memory(loaded, ngram_order: int, say: Notices):
+    """(memory, its file): this model's memory, empty if none; an unusable file is a warning."""
+    from . import memory_file
+
+    path = memory_file.memory_path(loaded.key, ngram_order)
+    mem, warning = memory_file.load(path, loaded.key, max_order=ngram_order)
+    if warning:
+        say.warn(warning)
+    return mem, path
+
+
+def save_memory(mem, path, out_ids, say: Notices) -> None:
+    from . import memory_file
+
+    mem.add(out_ids)
+    warning = memory_file.save(mem, path)
+    if warning:
+        say.warn(warning)

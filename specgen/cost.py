@@ -1,0 +1,83 @@
+"""From a measured verify-cost curve to what the drafter and the loop use (model-free):
+
+- `relative`: seconds per forward pass by positions -> costs relative to one position;
+- `cost_function`: cost(k) for k drafted tokens (k + 1 positions), interpolated;
+- `queue_after`: after how many silent drafter steps plain steps are queued ahead, given what
+  queuing ahead saves on this machine (the overlap);
+- `drafting_cost`: the cost the drafter weighs drafts with under that policy.
+
+calibrate.py measures the curve and the overlap; this module decides what they mean.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from .length import CostFn
+
+# Queuing plain steps ahead: after how many silent drafter steps, by what it saves (the overlap).
+# (overlap above which, silent steps), first match wins; see docs/design.md for the replays.
+QUEUE_AFTER = ((0.15, 1), (0.04, 2))
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A model's measured verify cost: `relative[n]` is a forward pass over n positions relative
+    to one position; `overlap` is the share of a plain step that queuing it ahead saves."""
+
+    relative: dict[int, float]
+    overlap: float = 0.0
+
+
+def relative(seconds: dict[int, float]) -> dict[int, float]:
+    """Costs relative to one position, made non-decreasing by isotonic regression (adjacent
+    violators are averaged, so one noisy spike does not raise every larger size) and >= 1."""
+    sizes = sorted(seconds)
+    blocks = []  # [sum, count] of pooled ratios
+    for k in sizes:
+        blocks.append([seconds[k] / seconds[sizes[0]], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [max(1.0, total / count) for total, count in blocks for _ in range(count)]
+    return dict(zip(sizes, values))
+
+
+def cost_function(curve: dict[int, float]) -> CostFn:
+    """cost(k) for k drafted tokens (k + 1 positions), interpolated linearly in the curve and
+    extrapolated from its last two points."""
+    sizes = sorted(curve)
+    vals = [curve[s] for s in sizes]
+
+    def cost(k: int) -> float:
+        n = k + 1
+        i = bisect_left(sizes, n)
+        if i < len(sizes) and sizes[i] == n:
+            return vals[i]
+        if i == 0:
+            return vals[0]
+        if i == len(sizes):
+            i -= 1
+        if i == 0:  # a one-point curve
+            return vals[0]
+        s0, s1, v0, v1 = sizes[i - 1], sizes[i], vals[i - 1], vals[i]
+        return v0 + (v1 - v0) * (n - s0) / (s1 - s0)
+
+    return cost
+
+
+def queue_after(overlap: float) -> int | None:
+    """The loop's queue_after for a measured overlap: queue ahead only where it pays, and sooner
+    where it saves more (see QUEUE_AFTER)."""
+    return next((n for above, n in QUEUE_AFTER if overlap > above), None)
+
+
+def drafting_cost(cost: CostFn, overlap: float, ahead: int | None) -> CostFn:
+    """The cost the drafter weighs drafts with. Where a silent step gets the next one queued ahead
+    (`ahead`, the loop's queue_after, is 1), drafting nothing also saves `overlap` of the next
+    step, so it costs that much less."""
+    if ahead != 1 or not overlap:
+        return cost
+    return lambda k: cost(k) - overlap if k == 0 else cost(k)

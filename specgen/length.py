@@ -1,0 +1,67 @@
+"""How long a draft should be: the Leviathan rule over a measured cost curve.
+
+`cost(k)` is the relative cost of a verify step that drafts k tokens (k + 1 positions), one plain
+step being cost(0) = 1 (calibrate measures it; `linear_cost` is simulate's model of it).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Callable, Iterator
+
+CostFn = Callable[[int], float]
+
+
+@lru_cache(maxsize=None)  # one function per beta, so its table below is built once
+def linear_cost(beta: float) -> CostFn:
+    """cost(k) = 1 + beta * k: verifying k drafted tokens, relative to a one-token step."""
+    return lambda k: 1.0 + beta * k
+
+
+class CostTable:
+    """cost(k) tabulated up to the longest draft, with the least extra cost per extra token from
+    k drafts to any longer draft (`slope[k]`): drafting on from k cannot beat a best rate r once
+    P_k <= slope[k] * r, since every later rate is at most the mediant of the rate at k and
+    P_k / slope[k]. The chooser stops there, which changes no draft."""
+
+    def __init__(self, cost: CostFn, longest: int):
+        self.cost = [cost(k) for k in range(longest + 1)]
+        self.slope = [min(((self.cost[j] - self.cost[k]) / (j - k) for j in range(k + 1, longest + 1)),
+                          default=float("inf")) for k in range(longest + 1)]
+
+    @property
+    def longest(self) -> int:
+        return len(self.cost) - 1
+
+
+@lru_cache(maxsize=8)
+def cost_table(cost: CostFn, longest: int) -> CostTable:
+    """The table of a cost function, shared by every drafter that uses it."""
+    return CostTable(cost, longest)
+
+
+def choose_length(chances: Iterator[float], table: CostTable, room: int, min_p: float) -> int:
+    """How many of the drafts whose acceptance chances `chances` yields, in order, to verify.
+
+    The chances are pulled one at a time, only while a longer draft could still pay, so the caller
+    may compute each draft lazily; at most `room` are pulled (room <= table.longest).
+    """
+    # With q_i each draft's chance given the ones before it and P_i = q_1 * ... * q_i, a step
+    # drafting k tokens yields 1 + P_1 + ... + P_k tokens on average (Leviathan et al. 2023,
+    # sec. 3.5): draft the k that maximises that over the step's cost, cost(k).
+    cost, slope = table.cost, table.slope
+    best_k, best_rate = 0, 1.0 / cost[0]
+    p_all, gain, i = 1.0, 0.0, 0
+    while i < room and p_all > slope[i] * best_rate:
+        q = next(chances, None)
+        if q is None:
+            break
+        p_all *= q
+        if p_all < min_p:  # too unlikely to be worth judging further
+            break
+        gain += p_all
+        i += 1
+        rate = (1.0 + gain) / cost[i]
+        if rate > best_rate:
+            best_k, best_rate = i, rate
+    return best_k

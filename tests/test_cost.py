@@ -1,0 +1,66 @@
+"""The verify-cost curve: measuring it (calibrate) and what it means for drafting (cost)."""
+
+import pytest
+
+from specgen.calibrate import load_or_measure
+from specgen.cost import Curve, cost_function, drafting_cost, queue_after, relative
+from specgen.drafter import AdaptiveDrafter
+from specgen.length import linear_cost
+from specgen.report import describe_curve
+
+
+def test_relative_curve_is_normalised_and_never_decreasing():
+    curve = relative({1: 2.0, 2: 2.4, 4: 2.2, 8: 4.0})
+    assert curve == pytest.approx({1: 1.0, 2: 1.15, 4: 1.15, 8: 2.0})  # 2 and 4 pooled
+    # One spike is averaged with what follows it, not carried to every larger size.
+    spiky = relative({1: 1.0, 2: 1.05, 4: 1.6, 8: 1.4, 16: 1.45, 32: 2.0})
+    assert spiky[4] == spiky[8] == spiky[16] == pytest.approx((1.6 + 1.4 + 1.45) / 3) and spiky[32] == 2.0
+    assert relative({1: 2.0, 2: 1.8})[2] == 1.0  # never cheaper than one position
+
+
+def test_cost_function_interpolates_and_extrapolates():
+    cost = cost_function({1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4})
+    assert cost(0) == 1.0 and cost(1) == 1.2 and cost(3) == 1.6
+    assert cost(2) == pytest.approx(1.4)  # 3 positions: halfway between 2 and 4
+    assert cost(11) == pytest.approx(3.2)  # 12 positions: the 4 -> 8 slope continued
+    assert cost_function({1: 1.0, 2: 2.0})(7) == pytest.approx(8.0)  # two points: a line
+
+
+def test_plain_steps_are_queued_ahead_sooner_the_more_it_saves():
+    assert [queue_after(x) for x in (0.0, 0.04, 0.05, 0.15, 0.3)] == [None, None, 2, 2, 1]
+    rel = {1: 1.0, 2: 1.1}
+    assert describe_curve(Curve(rel, 0.3)).endswith("queued ahead after 1 silent one (saves 30%)")
+    assert describe_curve(Curve(rel, 0.1)).endswith("after 2 silent ones (saves 10%)")
+    assert "queued" not in describe_curve(Curve(rel, 0.01))
+
+
+def test_a_weak_draft_is_dropped_where_silence_gets_the_next_step_queued():
+    base = linear_cost(0.08)
+    assert drafting_cost(base, 0.3, 2) is base and drafting_cost(base, 0.0, 1) is base
+    cost = drafting_cost(base, 0.3, 1)
+    assert cost(0) == pytest.approx(0.7) and cost(3) == base(3)
+    history = [5, 6, 7, 5]  # 6 followed 5 once: a weak guess, worth drafting at plain cost
+    drafters = [AdaptiveDrafter(cost=c) for c in (base, cost)]
+    for d in drafters:
+        d.feed(history)
+    assert drafters[0].draft(8)[:1] == [6] and drafters[1].draft(8) == []
+
+
+def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    sample = stories.tokenizer.encode("Once upon a time")
+    said = []
+    first = load_or_measure(stories.model, "m", sample, before_measuring=lambda: said.append(1))
+    curve = first.curve
+    assert first.fresh and said == [1] and first.warning is None
+    assert curve.relative[1] == 1.0 and all(v >= 1.0 for v in curve.relative.values())
+    assert 0 <= curve.overlap < 1
+    again = load_or_measure(stories.model, "m", sample, before_measuring=lambda: said.append(2))
+    assert not again.fresh and again.curve == curve and said == [1]
+    assert load_or_measure(stories.model, "m", sample, recalibrate=True).fresh
+    # Another BLAS changes the curve's shape: its curve is measured, not borrowed.
+    monkeypatch.setenv("LD_PRELOAD", "/elsewhere/libopenblas.so.0")
+    assert load_or_measure(stories.model, "m", sample).fresh
+    assert not load_or_measure(stories.model, "m", sample).fresh
+    (tmp_path / "calibration.json").write_text("{broken")
+    assert load_or_measure(stories.model, "m", sample).fresh  # a damaged cache is measured over

@@ -1,0 +1,92 @@
+"""The adaptive drafter as a whole: what it drafts from, and how the loop's verdicts teach it."""
+
+import random
+
+import pytest
+
+from specgen.drafter import AdaptiveDrafter, make_drafter
+from specgen.errors import SettingError
+from specgen.events import Verdict
+from specgen.length import linear_cost
+from specgen.memory import NGramMemory
+from specgen.predictor import NGramPredictor
+from specgen.simulate import replay
+
+
+def test_copies_long_spans_and_skips_novel_text():
+    rng = random.Random(1)
+    code = [rng.randrange(3, 30000) for _ in range(400)]
+    copy = replay(code, code, AdaptiveDrafter(), draft=64, beta=0.08)
+    fixed = replay(code, code, NGramPredictor(), draft=4, beta=0.08)
+    assert copy.counts.steps <= 25 and copy.counts.steps < fixed.counts.steps / 3
+    novel = replay(code, [rng.randrange(3, 30000) for _ in range(400)], AdaptiveDrafter(),
+                   draft=64, beta=0.08)
+    assert novel.counts.drafted <= 20 and novel.counts.tokens / novel.cost > 0.99
+
+
+def test_the_verdict_teaches_it_and_drafts_cut_off_by_a_stop_are_not_misses():
+    d = AdaptiveDrafter()
+    d.feed(list(range(10, 60)) + list(range(10, 20)))
+    drafts = d.draft(8)
+    assert drafts[:3] == [20, 21, 22]
+    d.feed(drafts[:2], Verdict.of(len(drafts), len(drafts), 2))  # the run stopped after two
+    judged = d.acceptance.counts["copy"]
+    assert (judged.accepted, judged.judged) == (2, 2)
+    d.draft(8)
+    d.feed([7], Verdict.of(8, 0, 1))  # the next draft missed at once
+    assert (d.acceptance.counts["copy"].accepted, d.acceptance.counts["copy"].judged) == (2, 3)
+
+
+def _guess(d, context):
+    """The kind of evidence and the token of a one-token n-gram draft after `context`."""
+    d.feed(context)
+    drafts = d.draft(1)
+    return (d.last.evidence[0].kind, drafts[0]) if drafts else None
+
+
+def test_ngrams_seen_once_are_rescaled_apart_from_the_others():
+    # In an edit, n-grams seen once follow the prompt being copied: their hits must not make
+    # the request trust its frequent n-grams more (nor the other way round).
+    text = [10, 11, 12, 13, 14] + [20, 21, 22] * 4
+    once, often = AdaptiveDrafter(cost=linear_cost(0.0)), AdaptiveDrafter(cost=linear_cost(0.0))
+    assert _guess(once, text + [10, 11, 12]) == ("ngram1", 13)
+    assert _guess(often, text + [99, 21, 22]) == ("ngram", 20)
+    before = often.acceptance.q(often.last.evidence[0])
+    for _ in range(200):
+        once.acceptance.record(once.last.evidence[0], True)
+        often.acceptance.record(once.last.evidence[0], True)
+    assert once.acceptance.q(once.last.evidence[0]) > 0.5
+    assert often.acceptance.q(often.last.evidence[0]) == before
+
+
+@pytest.mark.parametrize("seen_in_memory, expected", [(2, 13), (10, 99)])
+def test_when_the_request_and_memory_disagree_the_counts_of_both_decide(seen_in_memory, expected):
+    # The request saw (10, 11, 12) -> 13 once; memory saw it followed by 99 two or ten times.
+    # A 3-token context weighs 2^4, the request's own twice that; counts are smoothed by
+    # support_smooth = 2: 32*1/3 = 10.7 for 13, against 16*2/4 = 8 or 16*10/12 = 13.3 for 99.
+    mem = NGramMemory("m")
+    for _ in range(seen_in_memory):
+        mem.add([10, 11, 12, 99])
+    d = AdaptiveDrafter(memory=mem, cost=linear_cost(0.0))
+    kind, token = _guess(d, [10, 11, 12, 13, 5, 10, 11, 12])
+    assert token == expected and kind == ("ngram1" if expected == 13 else "memory")
+
+
+def test_memory_copies_earlier_outputs():
+    rng = random.Random(4)
+    answer = [rng.randrange(100, 30000) for _ in range(60)]
+    mem = NGramMemory("m")
+    mem.add(answer)
+    with_memory = replay([1, 2, 3], answer, AdaptiveDrafter(memory=mem), draft=64, beta=0.08)
+    without = replay([1, 2, 3], answer, AdaptiveDrafter(), draft=64, beta=0.08)
+    assert with_memory.counts.steps < without.counts.steps / 3
+
+
+def test_make_drafter_checks_its_settings_by_name():
+    assert isinstance(make_drafter(None), AdaptiveDrafter)
+    assert isinstance(make_drafter(4), NGramPredictor)
+    for kw, param in [(dict(max_order=1), "ngram_order"), (dict(window=0), "window"),
+                      (dict(draft=-1), "draft")]:
+        with pytest.raises(SettingError) as e:
+            make_drafter(**{"draft": None, **kw})
+        assert e.value.param == param
