@@ -31,7 +31,8 @@ def memory_dir() -> Path:
 
 
 def memory_path(model_key: str, max_order: int) -> Path:
-    """The memory file of a model (see registry: its repo id or content key) at an n-gram order."""
+    """The memory file of a model (registry.model_key: its repo id, or its content's hash for a
+    folder) at an n-gram order."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model_key).strip("_")[-60:] or "model"
     digest = hashlib.sha256(f"{model_key}\n{max_order}".encode()).hexdigest()[:16]
     return memory_dir() / f"{slug}-o{max_order}-{digest}.npz"
@@ -41,6 +42,7 @@ class Header(NamedTuple):
     model: str
     max_order: int
     counts: dict  # acceptance counts per group, as [accepted, expected, judged]
+    label: str  # where the model was last used from (a folder), for people
 
 
 def _header(z) -> Header:
@@ -50,15 +52,16 @@ def _header(z) -> Header:
     counts = header.get("calibration", {})
     if not isinstance(counts, dict):
         raise ValueError("its header is damaged")
-    return Header(str(header.get("model")), header.get("max_order"), counts)
+    return Header(str(header.get("model")), header.get("max_order"), counts, str(header.get("label", "")))
 
 
-def read(path: Path, model_key: str, **kw) -> NGramMemory:
+def read(path: Path, model_key: str, label: str = "", **kw) -> NGramMemory:
     """The memory in `path`; ValueError (or OSError) saying why if it cannot be used."""
     with open(path, "rb") as f:
         if f.read(4) != b"PK\x03\x04":
             raise ValueError("not a specgen memory file")
     mem = NGramMemory(model_key, **kw)
+    mem.label = label
     with np.load(path, allow_pickle=False) as z:
         header = _header(z)
         if header.model != model_key:
@@ -73,21 +76,25 @@ def read(path: Path, model_key: str, **kw) -> NGramMemory:
     return mem
 
 
-def load(path: Path, model_key: str, **kw) -> tuple[NGramMemory, str | None]:
-    """The memory stored at `path` (empty if absent) and a warning if the file was unusable."""
+def load(path: Path, model_key: str, label: str = "", **kw) -> tuple[NGramMemory, str | None]:
+    """The memory stored at `path` (empty if absent) and a warning if the file was unusable;
+    `label` says where the model is used from (kept in the file for `specgen cache`)."""
+    empty = NGramMemory(model_key, **kw)
+    empty.label = label
     if not path.exists():
-        return NGramMemory(model_key, **kw), None
+        return empty, None
     try:
-        return read(path, model_key, **kw), None
+        return read(path, model_key, label, **kw), None
     except Exception as e:  # any damage at all: start empty rather than crash
-        return NGramMemory(model_key, **kw), f"ignoring memory file {path}: {e}"
+        return empty, f"ignoring memory file {path}: {e}"
 
 
 def _arrays(mem: NGramMemory) -> dict:
     rows = list(mem.rows())
     counts = {g: [c.accepted, c.expected, c.judged] for g, c in mem.acceptance.counts.items()}
     header = json.dumps({"format": FORMAT, "version": VERSION, "model": mem.model_key,
-                         "max_order": mem.ngrams.max_order, "calibration": counts}).encode("utf-8")
+                         "label": mem.label, "max_order": mem.ngrams.max_order,
+                         "calibration": counts}).encode("utf-8")
     return {"header": np.frombuffer(header, dtype=np.uint8),
             "order": np.array([r[0] for r in rows], dtype=np.int8),
             "key": np.array([r[1] for r in rows], dtype=np.uint64),
@@ -113,7 +120,7 @@ def save(mem: NGramMemory, path: Path) -> str | None:
     warning = None
     try:
         with locked(path):
-            merged, unusable = load(path, mem.model_key, **kw)
+            merged, unusable = load(path, mem.model_key, mem.label, **kw)
             if unusable:
                 warning = f"the memory file {path} could not be used; kept it as {_keep_bad(path)}"
             for tokens in mem.unsaved():
@@ -136,6 +143,7 @@ class Stored(NamedTuple):
 
     path: Path
     model: str
+    label: str
     max_order: int | None
     outputs: int
     size: int
@@ -150,7 +158,8 @@ def stored() -> list[Stored]:
             with np.load(path, allow_pickle=False) as z:
                 header = _header(z)
                 outputs = int(np.count_nonzero(z["stream"] == -1))
-            found.append(Stored(path, header.model, header.max_order, outputs, path.stat().st_size))
+            found.append(Stored(path, header.model, header.label, header.max_order, outputs,
+                                path.stat().st_size))
         except Exception as e:
-            found.append(Stored(path, "?", None, 0, path.stat().st_size, str(e) or type(e).__name__))
+            found.append(Stored(path, "?", "", None, 0, path.stat().st_size, str(e) or type(e).__name__))
     return found

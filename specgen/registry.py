@@ -160,7 +160,7 @@ def model_key(spec: ModelSpec) -> str:
                 digest.update(f.read(_PROBE))
     except OSError as e:
         raise ModelError(f"cannot read the model folder {local}: {e.strerror or e}") from e
-    return f"folder:{local.resolve().name}:{digest.hexdigest()[:16]}"
+    return f"folder:{digest.hexdigest()[:16]}"
 
 
 def _read_config(local: Path) -> dict:
