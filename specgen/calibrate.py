@@ -2,9 +2,9 @@
 one position, and what queuing a plain step ahead saves (the overlap), once per model and
 machine, cached in the cache directory (cost.py turns them into the drafter's cost function).
 
-Measuring is bounded: sizes are timed in increasing order and wider passes are no longer timed
-once one costs nearly as much as that many single positions (no draft of that width can pay),
-and rounds are as many as fit in BUDGET_S.
+Measuring is bounded by BUDGET_S: sizes are timed in increasing order while they fit in it, and
+no wider once one costs nearly as much as that many single positions (no draft of that width can
+pay); the rounds are as many as fit in what is left.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from .length import CostFn
 from .store import CACHE_ENV, cache_dir, locked, write_atomic
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that may be timed
-CONTEXT = 128  # tokens in the cache while timing (a short prompt's worth)
-BUDGET_S = 1.5  # about how long the timed rounds of the curve may take
+CONTEXT = 32  # tokens in the cache while timing (a short prompt; priming a slow model costs)
+BUDGET_S = 2.0  # about how long measuring the curve may take (warm-up included)
 ROUNDS = (3, 100)  # fewest and most rounds of all sizes
 CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider ones are not timed
 OVERLAP_STEPS = 8  # plain steps timed each way per round
-OVERLAP_ROUNDS = (3, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 3
+OVERLAP_ROUNDS = (3, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 6
 OVERLAP_SLOW_S = 0.02  # steps slower than this are not timed for the overlap: it is negligible
 SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
 
@@ -60,12 +60,16 @@ def _primed_cache(model, tokens: list[int]):
 def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -> dict[int, float]:
     """Seconds of a forward pass (with argmax read-back, as a verify step does) per size.
 
-    One position's time is the 25th percentile of the rounds (interference only ever adds time);
-    every other size is that times the median, over rounds, of its time over one position's in
-    the same round, so a burst of load that slows a whole round cancels out. `sample`: token ids
-    the model knows (any text's), repeated to fill the context."""
+    Sizes are timed in increasing order, each only if its warm-up and ROUNDS[0] rounds are
+    expected to fit in the budget (the first two always are) and while the last one could still
+    pay (see CANNOT_PAY); cost.cost_function extrapolates past the widest. One position's time is
+    the 25th percentile of the rounds (interference only ever adds time); every other size is
+    that times the median, over rounds, of its time over one position's in the same round, so a
+    burst of load that slows a whole round cancels out. `sample`: token ids the model knows (any
+    text's), repeated to fill the context."""
     tokens = (sample * (CONTEXT + max(sizes)))[: CONTEXT + max(sizes)]
     cache = _primed_cache(model, tokens)
+    start = time.perf_counter()
 
     def step(k):
         x = mx.array([tokens[CONTEXT : CONTEXT + k]], mx.uint32)
@@ -75,21 +79,28 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -
         trim_prompt_cache(cache, k)
         return dt
 
-    # Warm-up (first calls compile kernels and allocate), widening only while it could pay.
-    step(sizes[0])
-    one, timed = step(sizes[0]), [sizes[0]]
+    step(sizes[0])  # the first calls compile kernels and allocate
+    one, timed, last = step(sizes[0]), [sizes[0]], {}
+    last[sizes[0]] = one
     for k in sizes[1:]:
-        step(k)
-        timed.append(k)
-        if step(k) >= CANNOT_PAY * k * one:
+        prev = timed[-1]
+        guess = last[prev] * k / prev  # a pass at most as costly per position as the last one
+        rounds_s = ROUNDS[0] * (sum(last.values()) + guess)
+        if len(timed) >= 2 and time.perf_counter() - start + 2 * guess + rounds_s > budget_s:
             break
-    per_round = sum(step(k) for k in timed)
-    rounds = max(ROUNDS[0], min(ROUNDS[1], int(budget_s / max(per_round, 1e-6))))
+        step(k)
+        last[k] = step(k)
+        timed.append(k)
+        if last[k] >= CANNOT_PAY * k * one:
+            break
+    per_round = sum(last.values())
+    left = budget_s - (time.perf_counter() - start)
+    rounds = max(ROUNDS[0], min(ROUNDS[1], int(left / max(per_round, 1e-6))))
     times = {k: [] for k in timed}
     for r in range(rounds):
         for k in (timed if r % 2 == 0 else reversed(timed)):
             times[k].append(step(k))
-    first = statistics.quantiles(times[timed[0]], n=4)[0] if rounds > 1 else times[timed[0]][0]
+    first = statistics.quantiles(times[timed[0]], n=4)[0]
     return {k: first * statistics.median(t / t1 for t, t1 in zip(v, times[timed[0]]))
             for k, v in times.items()}
 
@@ -120,7 +131,7 @@ def measure_overlap(model, sample: list[int], one_s: float) -> float:
         return dt
 
     per_round = steps(True) + steps(False)  # warm-up, and how long a round takes
-    rounds = max(OVERLAP_ROUNDS[0], min(OVERLAP_ROUNDS[1], int(BUDGET_S / 3 / max(per_round, 1e-6))))
+    rounds = max(OVERLAP_ROUNDS[0], min(OVERLAP_ROUNDS[1], int(BUDGET_S / 6 / max(per_round, 1e-6))))
     ratios = []
     for r in range(rounds):  # alternating which way goes first
         if r % 2:

@@ -145,7 +145,8 @@ def read_memory(loaded, ngram_order: int, say: Notices):
     from . import memory_file
 
     path = memory_file.memory_path(loaded.key, ngram_order)
-    mem, warning = memory_file.load(path, loaded.key, max_order=ngram_order)
+    mem, warning = memory_file.load(path, loaded.key, registry.local_source(loaded.spec.source),
+                                    max_order=ngram_order)
     if warning:
         say.warn(warning)
     return mem, path
