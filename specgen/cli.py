@@ -27,11 +27,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: flags shown as flags, not "--memory <bool>"
     help="Faster local LLM generation on MLX with model-free (n-gram) speculative decoding.",
 )
-app.command()(cli_tools.simulate)
-app.command()(cli_tools.bench)
-app.add_typer(cli_tools.cache, name="cache")
 
 
 def _version(value: bool):
@@ -153,6 +151,11 @@ def models(json_out: bool = typer.Option(False, "--json", help="Print the aliase
     console.print(table)
     console.print(f"\nYour own aliases: {user_file}" + ("" if user_file.exists() else " (not created yet)"),
                   style="dim", markup=False)
+
+
+app.command()(cli_tools.simulate)
+app.command()(cli_tools.bench)
+app.add_typer(cli_tools.cache, name="cache")
 
 
 def main():  # the console script

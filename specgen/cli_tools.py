@@ -135,7 +135,8 @@ def bench(
     bench_table(results, model=loaded.spec.name, draft_mode=str(mode), blas=blas())
 
 
-cache = typer.Typer(help="Where memories and calibration curves live; clear them.", no_args_is_help=False)
+cache = typer.Typer(help="Where memories and calibration curves live; clear them.", no_args_is_help=False,
+                    rich_markup_mode=None)
 
 
 @cache.callback(invoke_without_command=True)
@@ -154,7 +155,7 @@ def cache_list(ctx: typer.Context,
     if json_out:
         sys.stdout.write(json.dumps({
             "cache_dir": str(cache_dir()),
-            "memories": [{"file": str(m.path), "model": m.model, "ngram_order": m.max_order,
+            "memories": [{"file": str(m.path), "model": m.model, "used_from": m.label, "ngram_order": m.max_order,
                           "outputs": m.outputs, "bytes": m.size, "problem": m.problem} for m in memories],
             "calibrations": [{"model": k.split("|", 1)[0], "machine": k.split("|", 1)[-1]} for k in curves],
         }, indent=1) + "\n")
@@ -163,7 +164,8 @@ def cache_list(ctx: typer.Context,
     out.append(f"memories ({len(memories)}):")
     for m in memories:
         what = m.problem or f"{m.outputs} outputs, n-gram order {m.max_order}"
-        out.append(f"  {m.model}: {what}, {m.size / 1e6:.1f} MB  {m.path.name}")
+        where = f" ({m.label})" if m.label and m.label != m.model else ""
+        out.append(f"  {m.model}{where}: {what}, {m.size / 1e6:.1f} MB  {m.path.name}")
     path = calibration_file()
     out.append(f"calibrations ({len(curves)}) in {path}:")
     for k in curves:

@@ -1,7 +1,10 @@
 """Showing a generation: text to stdout as it comes, live stats on stderr when it is a terminal.
 
-When stdout and stderr are both terminals, one rich Live view holds the line being written above
-a stats footer, and finished lines scroll up above it, so neither overwrites the other.
+When stdout and stderr are both terminals, one rich Live view holds a preview of the line being
+written (its last rows) above a stats footer, and each line is printed above it once finished,
+whole and unwrapped (the terminal wraps it softly), so that text copied from the terminal is the
+generated text. Otherwise the text is written as it comes, and the footer (if stderr is a
+terminal) lives on stderr alone.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from .stats import RunStats
 
 DRAFT_STYLE = "cyan"  # --color: text that came from accepted drafts
 UPDATE_EVERY_S = 0.05  # at most 20 live-view updates a second: more would slow small models
+PREVIEW_ROWS = 4  # rows of an unfinished line the live view shows
 
 
 class TextView:
@@ -34,8 +38,9 @@ class TextView:
         self._color = color and stdout.isatty()
         self._out = Console(file=stdout, highlight=False, markup=False, emoji=False,
                             no_color=not self._color)
-        self._line = Text()  # the unfinished line, in the Live view when both are terminals
+        self._line = Text()  # the unfinished line, previewed in the Live view when both are terminals
         self._live = None
+        self._status = Text()
         self._shown = 0.0  # when the live view was last updated
         self._in_live = live and both_tty and stream
         if live and stderr.isatty():
@@ -61,8 +66,8 @@ class TextView:
         now = time.monotonic()
         if self._live and now - self._shown >= UPDATE_EVERY_S:
             self._shown = now
-            status = Text(status_line(stats), style="dim")
-            self._live.update(Group(self._line, status) if self._in_live else status)
+            self._status = Text(status_line(stats), style="dim")
+            self._refresh()
 
     def finish(self) -> str:
         """Flush what the detokenizer held back, end the output with a newline; return the text."""
@@ -79,6 +84,14 @@ class TextView:
             self._stdout.flush()
         return text
 
+    def _refresh(self, redraw: bool = True) -> None:
+        if not self._in_live:
+            self._live.update(self._status, refresh=redraw)
+            return
+        width = max(self._out.width, 1)
+        tail = self._line[-(PREVIEW_ROWS * width):] if len(self._line) > PREVIEW_ROWS * width else self._line
+        self._live.update(Group(tail, self._status), refresh=redraw)
+
     def _emit(self, segment: str, style: str | None) -> None:
         if not segment or not self._stream:
             return
@@ -89,15 +102,16 @@ class TextView:
                 self._stdout.write(segment)
             self._stdout.flush()
             return
-        # Finished lines go above the Live view; the unfinished one stays inside it.
+        # Finished lines go above the Live view, whole; the unfinished one is only previewed.
         *done, rest = segment.split("\n")
+        finished = []
         for part in done:
             self._line.append(part, style)
-            self._live.console.print(self._line, soft_wrap=True)
+            finished.append(self._line)
             self._line = Text()
         self._line.append(rest, style)
-        width = self._out.width
-        if len(self._line) > 4 * width:  # keep the Live view short: move whole rows up
-            cut = len(self._line) - len(self._line) % width - width
-            self._live.console.print(self._line[:cut], soft_wrap=True)
-            self._line = self._line[cut:]
+        if finished:
+            # The view drops a line before it is printed above, or it would show twice.
+            self._refresh(redraw=False)
+            for line in finished:
+                self._live.console.print(line, soft_wrap=True)

@@ -58,26 +58,46 @@ def load_tokenizer(spec: str) -> Callable[[str], list[int]]:
         raise InputError(f"cannot load tokenizer {path}: {e}") from e
 
 
+def _ids(x) -> bool:
+    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in x)
+
+
 def read_traces(path: str, encode: Callable[[str], list[int]] | None) -> list[Trace]:
     """The traces of a JSONL file (see the module docstring)."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{path} is a directory, not a trace file")
     if not p.is_file():
         raise InputError(f"no such trace file: {path}")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read {path}: {e}") from e
     traces = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise InputError(f"{path}:{n}: not JSON ({e.msg})") from e
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{n}: expected a JSON object")
         if "output_ids" in row:
             prompt, output = row.get("prompt_ids", []), row["output_ids"]
+            if not all(_ids(x) for x in (prompt, output)):
+                raise InputError(f"{path}:{n}: prompt_ids and output_ids must be lists of token ids")
         elif "output" in row:
             if encode is None:
                 raise InputError(f"{path}:{n}: text traces need --tokenizer")
+            if not all(isinstance(row.get(k, ""), str) for k in ("prompt", "output")):
+                raise InputError(f"{path}:{n}: prompt and output must be text")
             prompt, output = encode(row.get("prompt", "")), encode(row["output"])
         else:
             raise InputError(f"{path}:{n}: needs \"output\" (text) or \"output_ids\"")
+        if not output:
+            raise InputError(f"{path}:{n}: the output is empty: there is nothing to replay")
         traces.append(Trace(str(row.get("id", n)), str(row.get("category", "all")), list(prompt), list(output)))
+    if not traces:
+        raise InputError(f"{path} holds no traces")
     return traces

@@ -117,6 +117,10 @@ def test_simulate_text_traces_with_a_real_tokenizer(tmp_path, tok):
     ("{not json\n", "traces.jsonl:1: not JSON"),
     ('{"prompt": "x"}\n', "needs \"output\""),
     ('{"prompt": "x", "output": "y"}\n', "text traces need --tokenizer"),
+    ("", "holds no traces"),
+    ('{"prompt_ids": [1], "output_ids": []}\n', "the output is empty"),
+    ('{"output_ids": "abc"}\n', "must be lists of token ids"),
+    ("[1, 2]\n", "expected a JSON object"),
 ])
 def test_simulate_bad_traces_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "traces.jsonl"
