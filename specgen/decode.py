@@ -123,12 +123,22 @@ def generate(
                         # step yields exactly what plain decoding would.
                         chosen = selector.verify(logits, history, pos, drafts)
                         n = 0
-                        while n < len(drafts) and drafts[n] == chosen[n]:
+                        while n < len(drafts) and drafts[n] == chosen.tokens[n]:
                             n += 1
-                        emitted, stop = finish(drafts[:n] + [chosen[n]], len(drafts), n)
+                        confirm = chosen.trusted <= n  # the row choosing the last token is near-tied
+                        if confirm:  # so choose it from a one-position pass, as plain decoding does
+                            n = chosen.trusted
+                            rollback.rewind_to(len(history) - 1 + n)
+                            row = forward([[history[-1], *drafts][n]])[-1]
+                            last = selector.pick(row, history, pos + n).item()
+                        else:
+                            last = chosen.tokens[n]
+                        matched = n + (n < len(drafts) and drafts[n] == last)
+                        emitted, stop = finish(drafts[:n] + [last], len(drafts), matched)
                         rollback.rewind_to(len(history) - 1)
                         schedule.heard(True)
-                        yield Step(tuple(emitted), len(drafts), min(n, len(emitted)), stop, notice)
+                        yield Step(tuple(emitted), len(drafts), min(matched, len(emitted)), stop, notice,
+                                   confirmed=confirm)
                         if stop:
                             return
                         continue

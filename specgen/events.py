@@ -37,7 +37,8 @@ class Prefilled:
 
 @dataclass(frozen=True)
 class Step:
-    """One target forward pass after prefill.
+    """One target forward pass after prefill (two when `confirmed`: a near-tied row of the verify
+    pass was recomputed as a one-position pass, see sampling.py).
 
     `tokens` were emitted (never a stop token or anything after one); the first `accepted` of them
     came from the draft; `drafted` tokens were verified. `stop_reason` is set on the last step:
@@ -49,6 +50,7 @@ class Step:
     accepted: int = 0
     stop_reason: str | None = None
     notice: str | None = None
+    confirmed: bool = False
 
 
 class Verdict(NamedTuple):

@@ -78,6 +78,7 @@ class RunStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     counts: Counts = field(default_factory=Counts)
+    near_ties: int = 0  # verify rows recomputed one position at a time (see sampling.py)
     stop_reason: str | None = None
     notices: list[str] = field(default_factory=list)
     _start: float = field(default_factory=time.perf_counter, repr=False)
@@ -93,6 +94,7 @@ class RunStats:
             self._decode_start = now
             return
         self.counts.add_step(len(event.tokens), event.drafted, event.accepted)
+        self.near_ties += event.confirmed
         if event.stop_reason:
             self.stop_reason = event.stop_reason
         if event.notice:
@@ -119,6 +121,7 @@ class RunStats:
             "acceptance_rate": round(c.acceptance_rate, 4),
             "tokens_per_step": round(c.tokens_per_step, 4),
             "accept_histogram": list(c.histogram),
+            "near_ties": self.near_ties,
             "speculation": str(self.speculation),
             "draft_mode": self.draft_mode,
             "temp": finite(self.temp),

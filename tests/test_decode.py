@@ -1,9 +1,11 @@
 import random
 
+import mlx.core as mx
 import pytest
-from conftest import ScriptedModel, plain_tokens, run, tiny_model
+from conftest import ScriptedModel, TableModel, plain_tokens, run, tiny_model
 from mlx_lm.models.cache import make_prompt_cache
 
+from specgen import sampling
 from specgen.decode import generate
 from specgen.errors import InputError
 from specgen.events import Step
@@ -80,6 +82,32 @@ def test_exact_counts_with_a_rejection_and_an_empty_draft():
         Step((1,), drafted=0, accepted=0),  # nothing ever followed 5: plain step
         Step((2, 3, 4, 5, 1), drafted=4, accepted=4, stop_reason="max_tokens"),  # 2,3,4 -> 5 (newest)
     ]
+
+
+class SkewedKernel(TableModel):
+    """CYCLE's model, except that a batched pass (as another kernel might) lets token 9 beat the
+    right choice after 3 by 0.0005: a near tie that a one-position pass decides the other way."""
+
+    def __call__(self, tokens, cache):
+        logits = super().__call__(tokens, cache)
+        if tokens.shape[1] == 1:
+            return logits
+        skew = mx.where(tokens[..., None] == 3, mx.array([1.0005 * (j == 9) for j in range(16)]), 0.0)
+        return mx.maximum(logits, skew)
+
+
+@pytest.mark.parametrize("margin", [None, 0.0])
+def test_a_near_tied_row_is_decided_as_plain_decoding_decides_it(monkeypatch, margin):
+    model = SkewedKernel([[float(CYCLE.get(t) == j) for j in range(16)] for t in range(16)])
+    if margin is not None:  # the mechanism off: every batched row trusted
+        monkeypatch.setitem(sampling.TIE_MARGIN, "float32", margin)
+    tokens, steps, _ = run(model, [1, 2, 3, 4] * 2, max_tokens=20)
+    if margin is None:
+        assert tokens == [1, 2, 3, 4] * 5 == plain_tokens(model, [1, 2, 3, 4] * 2, 20)
+        # Each verify pass is cut at the row after 3 and that row recomputed alone: 1 2 3 + 4.
+        assert [(s.tokens, s.confirmed) for s in steps[:2]] == [((1, 2, 3, 4), True)] * 2
+    else:
+        assert 9 in tokens
 
 
 def test_stop_token_inside_an_accepted_draft_ends_generation_there():
