@@ -23,7 +23,6 @@ from . import defaults
 from .ngram import fnv1a_64
 from .settings import check
 
-
 # Smallest gap between a row's best two scores (logits, or sampling's perturbed log-probabilities
 # times the temperature) that a batched row may decide; by the logits' dtype (docs/design.md).
 TIE_MARGIN = {"float32": 1e-3, "float16": 0.05, "bfloat16": 0.25}
