@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from .cost import Curve, cost_function, drafting_cost, queue_after, relative
 from .length import CostFn
+from .rollback import Rollback
 from .store import CACHE_ENV, cache_dir, locked, write_atomic
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that may be timed
@@ -49,12 +50,16 @@ def machine_id() -> str:
             f"|{blas()}")
 
 
-def _primed_cache(model, tokens: list[int]):
-    """A cache holding the first CONTEXT of `tokens` (a short prompt's worth), evaluated."""
+def _primed_cache(model, tokens: list[int]) -> tuple[list, Rollback]:
+    """A cache holding the first CONTEXT of `tokens` (a short prompt's worth), evaluated, and
+    what takes it back there after each timed pass (any cache type)."""
     cache = make_prompt_cache(model)
     model(mx.array([tokens[:CONTEXT]], mx.uint32), cache=cache)
     mx.eval([c.state for c in cache])
-    return cache
+    back = Rollback(cache)
+    back.fed(CONTEXT)
+    back.mark()
+    return cache, back
 
 
 def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -> dict[int, float]:
@@ -68,7 +73,7 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -
     burst of load that slows a whole round cancels out. `sample`: token ids the model knows (any
     text's), repeated to fill the context."""
     tokens = (sample * (CONTEXT + max(sizes)))[: CONTEXT + max(sizes)]
-    cache = _primed_cache(model, tokens)
+    cache, back = _primed_cache(model, tokens)
     start = time.perf_counter()
 
     def step(k):
@@ -76,7 +81,8 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -
         t = time.perf_counter()
         mx.argmax(model(x, cache=cache)[0], axis=-1).tolist()
         dt = time.perf_counter() - t
-        trim_prompt_cache(cache, k)
+        back.fed(k)
+        back.rewind_to(CONTEXT)
         return dt
 
     step(sizes[0])  # the first calls compile kernels and allocate
@@ -112,7 +118,7 @@ def measure_overlap(model, sample: list[int], one_s: float) -> float:
     the next graph is a negligible share of it (then it is not timed)."""
     if one_s > OVERLAP_SLOW_S:
         return 0.0
-    cache = _primed_cache(model, sample * CONTEXT)
+    cache, back = _primed_cache(model, sample * CONTEXT)
 
     def steps(queue_ahead: bool) -> float:
         y = mx.array([sample[0]], mx.uint32)
@@ -127,7 +133,8 @@ def measure_overlap(model, sample: list[int], one_s: float) -> float:
             y = nxt
         y.item()
         dt = time.perf_counter() - t
-        trim_prompt_cache(cache, OVERLAP_STEPS + 1)
+        back.fed(OVERLAP_STEPS + 1)
+        back.rewind_to(CONTEXT)
         return dt
 
     per_round = steps(True) + steps(False)  # warm-up, and how long a round takes
@@ -250,4 +257,5 @@ def model_costs(model, key: str, tokenizer, *, recalibrate: bool = False,
                                             before_measuring=before_measuring)
     step = cost_function(curve.relative)
     ahead = queue_after(curve.overlap)
-    return Costs(drafting_cost(step, curve.overlap, ahead), step, curve, ahead, fresh, warning)
+    refeed = Rollback(make_prompt_cache(model)).how != "trim"
+    return Costs(drafting_cost(step, curve.overlap, ahead, refeed), step, curve, ahead, fresh, warning)

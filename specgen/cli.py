@@ -110,11 +110,7 @@ def run(
             for event in events:
                 stats.observe(event)
                 if isinstance(event, Prefilled):
-                    if not event.speculation.on and draft != 0:
-                        say(f"speculation {event.speculation}; decoding plainly")
                     continue
-                if event.notice:
-                    say(event.notice)
                 out_ids.extend(event.tokens)
                 view.show(event, stats)
         except KeyboardInterrupt:

@@ -122,15 +122,10 @@ def load(model: str, dtype: str | None, say: Notices):
 
 
 def costs(loaded, recalibrate: bool, say: Notices):
-    """The model's measured verify cost (calibrate.model_costs), or None where nothing can be
-    speculated; it says so while the curve is measured."""
-    from mlx_lm.models.cache import make_prompt_cache
-
+    """The model's measured verify cost (calibrate.model_costs); it says so while the curve is
+    measured."""
     from .calibrate import model_costs
-    from .rollback import Rollback
 
-    if Rollback(make_prompt_cache(loaded.model)).stuck is not None:
-        return None
     found = model_costs(loaded.model, loaded.key, loaded.tokenizer, recalibrate=recalibrate,
                         before_measuring=lambda: say.progress(
                             f"measuring how fast {loaded.spec.name} verifies drafts on this machine "

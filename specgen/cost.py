@@ -4,7 +4,7 @@
 - `cost_function`: cost(k) for k drafted tokens (k + 1 positions), interpolated;
 - `queue_after`: after how many silent drafter steps plain steps are queued ahead, given what
   queuing ahead saves on this machine (the overlap);
-- `drafting_cost`: the cost the drafter weighs drafts with under that policy.
+- `drafting_cost`: the cost the drafter weighs drafts with under that policy and rollback.
 
 calibrate.py measures the curve and the overlap; this module decides what they mean.
 """
@@ -74,10 +74,17 @@ def queue_after(overlap: float) -> int | None:
     return next((n for above, n in QUEUE_AFTER if overlap > above), None)
 
 
-def drafting_cost(cost: CostFn, overlap: float, ahead: int | None) -> CostFn:
+def drafting_cost(cost: CostFn, overlap: float, ahead: int | None, refeed: bool = False) -> CostFn:
     """The cost the drafter weighs drafts with. Where a silent step gets the next one queued ahead
     (`ahead`, the loop's queue_after, is 1), drafting nothing also saves `overlap` of the next
-    step, so it costs that much less."""
-    if ahead != 1 or not overlap:
+    step, so it costs that much less. Where a rejected draft is undone by restoring the cache
+    (`refeed`, rollback.py), the tokens accepted before the rejection are fed again with the
+    next pass: a draft is charged its verify cost twice, the most that can add."""
+    saved = overlap if ahead == 1 else 0.0
+    if not saved and not refeed:
         return cost
-    return lambda k: cost(k) - overlap if k == 0 else cost(k)
+
+    def weighed(k: int) -> float:
+        return cost(k) - (saved if k == 0 else 0.0) + (cost(k) - cost(0) if refeed else 0.0)
+
+    return weighed

@@ -42,7 +42,10 @@ def generate(
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
     yielded step the cache holds every prompt and emitted token except the last emitted one
-    (and that one too while a plain step is queued ahead: see schedule.py and `queue_after`).
+    (and that one too while a plain step is queued ahead: see schedule.py and `queue_after`);
+    on caches that are restored rather than trimmed (rollback.py), the tokens accepted by a
+    partly rejected step are fed again with the next pass, and are in the cache once the
+    generator finishes.
     """
     if not prompt:
         raise InputError("the prompt is empty")
@@ -54,12 +57,7 @@ def generate(
         )
     cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
     rollback = Rollback(cache)
-    if draft == 0:
-        speculation = Speculation(False, "draft length is 0")
-    elif rollback.stuck:
-        speculation = Speculation(False, rollback.stuck)
-    else:
-        speculation = Speculation(True)
+    speculation = Speculation(False, "draft length is 0") if draft == 0 else Speculation(True, rollback=rollback.how)
     drafter = drafter if drafter is not None else NGramPredictor()
     history = list(prompt)  # prompt + emitted tokens; its last token is not in the cache yet
 
@@ -102,20 +100,17 @@ def generate(
                             context_length=context_length,
                             queue_after=queue_after if speculation.on else 0)
         pending = None  # the lazy token of a queued plain step, at position len(history)
-        warned = False
         try:
             while True:
                 pos = len(history)  # absolute position of the token this step emits first
-                room, notice = schedule.room(pos), None
-                if room > 0 and rollback.limit is not None and rollback.limit - pos - 1 < room:
-                    room = max(rollback.limit - pos - 1, 0)
-                    if room == 0 and not warned:
-                        warned = True
-                        notice = (f"speculation off from token {pos}: the sliding-window "
-                                  "cache cannot be rolled back once it wraps")
+                room = schedule.room(pos)
                 if pending is None:
                     drafts = drafter.draft(room) if room > 0 else []
-                    logits = forward([history[-1], *drafts])
+                    if drafts:
+                        rollback.mark()
+                    # The last token, after any a restore took back out of the cache, then drafts.
+                    fed = [*history[rollback.cached:], *drafts]
+                    logits = forward(fed)[-1 - len(drafts):]
                     if drafts:
                         # A draft token is accepted iff it equals the selector's choice at its
                         # position (argmax, or the sample keyed by seed and position); the first
@@ -129,15 +124,17 @@ def generate(
                         if confirm:  # so choose it from a one-position pass, as plain decoding does
                             n = chosen.trusted
                             rollback.rewind_to(len(history) - 1 + n)
-                            row = forward([[history[-1], *drafts][n]])[-1]
-                            last = selector.pick(row, history, pos + n).item()
+                            seq = [*history, *drafts]
+                            if rollback.cached < pos - 1 + n:  # a restore went back further
+                                forward(seq[rollback.cached:pos - 1 + n])
+                            last = selector.pick(forward([seq[pos - 1 + n]])[-1], history, pos + n).item()
                         else:
                             last = chosen.tokens[n]
                         matched = n + (n < len(drafts) and drafts[n] == last)
                         emitted, stop = finish(drafts[:n] + [last], len(drafts), matched)
                         rollback.rewind_to(len(history) - 1)
                         schedule.heard(True)
-                        yield Step(tuple(emitted), len(drafts), min(matched, len(emitted)), stop, notice,
+                        yield Step(tuple(emitted), len(drafts), min(matched, len(emitted)), stop,
                                    confirmed=confirm)
                         if stop:
                             return
@@ -148,12 +145,15 @@ def generate(
                     schedule.heard(room > 0 and drafter.would_draft(room))
                 queued = None
                 if schedule.queue_next(pos):
+                    rollback.mark()  # a step queued past the last token is taken back
                     queued = selector.pick(forward(pending.reshape(1))[-1], history, pos + 1)
                     mx.async_eval(queued)
                 emitted, stop = finish([pending.item()])
-                yield Step(tuple(emitted), stop_reason=stop, notice=notice)
+                yield Step(tuple(emitted), stop_reason=stop)
                 if stop:
                     return
                 pending = queued
         finally:
             rollback.rewind_to(len(history) - 1)
+            if rollback.cached < len(history) - 1:  # accepted tokens a restore took back out
+                forward(history[rollback.cached:-1])

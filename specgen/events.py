@@ -18,7 +18,7 @@ class Speculation:
 
     on: bool
     reason: str = ""  # why not, when off
-    rollback: str = ""  # when on: "trim" (KV caches cut back) or see rollback.describe
+    rollback: str = ""  # when on: "trim" (KV caches cut back) or "restore (<cache types>)"
 
     def __str__(self) -> str:
         """The JSON/summary form: "on: trim", "off: <reason>"."""
@@ -49,7 +49,6 @@ class Step:
     drafted: int = 0
     accepted: int = 0
     stop_reason: str | None = None
-    notice: str | None = None
     confirmed: bool = False
 
 

@@ -1,34 +1,96 @@
-"""Undoing the cache entries of rejected draft tokens.
+"""Undoing the cache entries of rejected draft tokens, on every cache type mlx-lm has.
 
-KV caches are trimmed back past them. A sliding-window (rotating) cache can be trimmed only until
-it wraps (`limit`); a state cache (linear attention, state-space layers) cannot be trimmed at all
-(`stuck` says why).
+KV caches are trimmed back past them (cheap, and what plain KV models always get). Caches that
+cannot be trimmed (the state caches of linear-attention and state-space layers, and a sliding-
+window cache once it wraps) are restored instead: before a pass that may be undone, `mark` keeps
+each such cache's state by reference (MLX arrays are values: a reference is a snapshot, and no
+data is copied unless the cache later updates a buffer in place), and `rewind_to` puts every layer
+back at that mark. The tokens accepted since the mark are then missing from the cache:
+`cached` says how many entries it holds, and the decode loop feeds the rest again with its next
+pass (which it runs anyway), so a restore costs a wider pass, not an extra one.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
 
+class _Saved:
+    """A cache object's attributes as they were (nested caches, as in CacheList, included)."""
+
+    def __init__(self, obj):
+        self.obj, self.attrs = obj, _snapshot(vars(obj))
+
+    def restore(self):
+        self.obj.__dict__.update(_restored(self.attrs))
+        return self.obj
+
+
+def _snapshot(value):
+    """A copy of a cache's attributes that later in-place updates of its buffers cannot change
+    (all of them, not `state`, whose fields differ between mlx-lm versions)."""
+    if isinstance(value, mx.array):
+        return mx.array(value)  # a new array object on the same data
+    if isinstance(value, (list, tuple)):
+        return type(value)(_snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    if hasattr(value, "is_trimmable") and hasattr(value, "__dict__"):
+        return _Saved(value)
+    return value
+
+
+def _restored(value):
+    if isinstance(value, mx.array):
+        return mx.array(value)  # the snapshot stays intact for another rewind to the same mark
+    if isinstance(value, _Saved):
+        return value.restore()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_restored(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _restored(v) for k, v in value.items()}
+    return value
+
+
 class Rollback:
-    """Tracks how many entries the cache holds and trims it back on request."""
+    """Tracks how many entries the cache holds, and takes it back to fewer on request."""
 
     def __init__(self, cache: Sequence):
         self.cache = cache
         self.cached = 0  # entries in the cache, tracked here so rewinds need no cache internals
-        stuck = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
-        self.stuck = f"the model's cache cannot be rolled back ({', '.join(stuck)})" if stuck else None
-        sizes = [c.max_size for c in cache if getattr(c, "max_size", None)]
-        self.limit = min(sizes) if sizes else None  # entries past which trimming is impossible
+        # Caches that are, or may become (a sliding window that wraps), impossible to trim.
+        self.restorable = [c for c in cache if not c.is_trimmable() or getattr(c, "max_size", None)]
+        kinds = sorted({type(c).__name__ for c in self.restorable})
+        self.how = f"restore ({', '.join(kinds)})" if kinds else "trim"
+        self._mark: tuple[int, list] | None = None
+
+    def mark(self) -> None:
+        """Remember the state of the caches that may not trim, before a pass that may be undone."""
+        if self.restorable:
+            self._mark = (self.cached, [_Saved(c) for c in self.restorable])
 
     def fed(self, n: int) -> None:
         """The model just processed `n` more positions."""
         self.cached += n
 
     def rewind_to(self, n: int) -> None:
-        """Drop every entry past the first `n` (a no-op for caches that cannot be trimmed)."""
-        if self.cached > n and not self.stuck:
+        """Hold at most the first `n` entries: exactly `n` where every cache can be trimmed, else
+        the entries at the last mark (at most `n`; `cached` tells)."""
+        if self.cached <= n:
+            return
+        if all(c.is_trimmable() for c in self.cache):
             trim_prompt_cache(self.cache, self.cached - n)
             self.cached = n
+            return
+        if self._mark is None or self._mark[0] > n:
+            raise RuntimeError("rollback past the last mark")  # a decode-loop bug, not user input
+        at, states = self._mark
+        for c in self.cache:
+            if not any(c is r for r in self.restorable):
+                c.trim(self.cached - at)
+        for saved in states:
+            saved.restore()
+        self.cached = at

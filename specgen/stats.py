@@ -80,7 +80,6 @@ class RunStats:
     counts: Counts = field(default_factory=Counts)
     near_ties: int = 0  # verify rows recomputed one position at a time (see sampling.py)
     stop_reason: str | None = None
-    notices: list[str] = field(default_factory=list)
     _start: float = field(default_factory=time.perf_counter, repr=False)
     _decode_start: float | None = field(default=None, repr=False)
 
@@ -97,8 +96,6 @@ class RunStats:
         self.near_ties += event.confirmed
         if event.stop_reason:
             self.stop_reason = event.stop_reason
-        if event.notice:
-            self.notices.append(event.notice)
         self.decode_s = now - (self._decode_start if self._decode_start is not None else self._start)
 
     @property

@@ -16,8 +16,9 @@ from specgen.events import Prefilled
 DATA = Path(__file__).parent / "data"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
-# Tiny configs of architectures mlx-lm supports; gemma3_text has sliding-window (rotating) caches,
-# mamba has state-space caches that cannot be rolled back.
+# Tiny configs of architectures mlx-lm supports, one of each cache type: gemma3_text has sliding-
+# window (rotating) caches; mamba and mamba2 state-space caches; qwen3_next (linear attention) and
+# lfm2 (short convolutions) mix state caches with attention's KV caches.
 TINY = {
     "llama": dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
@@ -34,14 +35,31 @@ TINY = {
     "mamba": dict(model_type="mamba", vocab_size=512, hidden_size=64, intermediate_size=128,
                   state_size=8, num_hidden_layers=2, conv_kernel=4, use_bias=False,
                   use_conv_bias=True, time_step_rank=8, tie_word_embeddings=True),
+    "mamba2": dict(model_type="mamba2", num_heads=4, head_dim=16, vocab_size=512, hidden_size=64,
+                   intermediate_size=64, state_size=16, num_hidden_layers=2, layer_norm_epsilon=1e-5,
+                   conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True, tie_word_embeddings=True,
+                   time_step_limit=(0.0, float("inf")), time_step_rank=8),
+    "qwen3_next": dict(model_type="qwen3_next", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+                       num_attention_heads=4, linear_num_value_heads=4, linear_num_key_heads=2,
+                       linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                       num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+                       shared_expert_intermediate_size=64, mlp_only_layers=[], moe_intermediate_size=64,
+                       rms_norm_eps=1e-6, vocab_size=512, num_key_value_heads=2, rope_theta=10000.0,
+                       partial_rotary_factor=0.25, max_position_embeddings=4096, head_dim=16,
+                       full_attention_interval=2),
+    "lfm2": dict(model_type="lfm2", vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=4096, norm_eps=1e-5, conv_bias=False,
+                 conv_L_cache=3, block_dim=64, block_multiple_of=16, block_ffn_dim_multiplier=1.0,
+                 block_auto_adjust_ff_dim=False, intermediate_size=128,
+                 layer_types=["conv", "full_attention", "conv", "full_attention"]),
 }
 
 
-def tiny_model(arch: str, seed: int = 0):
+def tiny_model(arch: str, seed: int = 0, **overrides):
     """A random-weight model of `arch` (deterministic for a seed)."""
     module = importlib.import_module(f"mlx_lm.models.{arch}")
     mx.random.seed(seed)
-    model = module.Model(module.ModelArgs.from_dict(TINY[arch]))
+    model = module.Model(module.ModelArgs.from_dict({**TINY[arch], **overrides}))
     mx.eval(model.parameters())
     return model
 

@@ -46,6 +46,17 @@ def test_a_weak_draft_is_dropped_where_silence_gets_the_next_step_queued():
     assert drafters[0].draft(8)[:1] == [6] and drafters[1].draft(8) == []
 
 
+def test_where_a_rejection_is_refed_drafts_are_charged_twice_and_weak_ones_dropped():
+    base = linear_cost(0.3)  # a steep curve: a weak guess is worth drafting only when it is cheap
+    refed = drafting_cost(base, 0.0, None, refeed=True)
+    assert refed(0) == base(0) and refed(2) == pytest.approx(base(2) + 0.6)
+    history = [5, 6, 7, 5, 6, 8, 5]  # 6 followed 5 twice, then 7 once and 8 once
+    drafters = [AdaptiveDrafter(cost=c) for c in (base, refed)]
+    for d in drafters:
+        d.feed(history)
+    assert len(drafters[0].draft(8)) > len(drafters[1].draft(8))
+
+
 def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
     sample = stories.tokenizer.encode("Once upon a time")

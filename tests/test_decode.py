@@ -34,24 +34,6 @@ def test_speculative_output_equals_mlx_lm_plain_greedy(arch, prompt, stories):
     assert len(steps) < 200 or sum(s.drafted for s in steps) > 0
 
 
-def test_sliding_window_cache_stops_speculating_when_it_would_wrap_and_says_so():
-    model = tiny_model("gemma3_text")  # sliding_window=64: its RotatingKVCache wraps at 64
-    tokens, steps, _ = run(model, REPETITIVE, max_tokens=100)
-    notices = [s.notice for s in steps if s.notice]
-    assert len(notices) == 1 and "sliding-window" in notices[0]
-    first_off = next(i for i, s in enumerate(steps) if s.notice)
-    assert all(s.drafted == 0 for s in steps[first_off:])
-    assert tokens == plain_tokens(model, REPETITIVE, 100)
-
-
-def test_cache_that_cannot_roll_back_decodes_plainly_and_says_why():
-    model = tiny_model("mamba")
-    tokens, steps, pre = run(model, REPETITIVE, max_tokens=60)
-    assert not pre.speculation.on and "ArraysCache" in pre.speculation.reason
-    assert all(s.drafted == 0 and s.notice is None for s in steps)
-    assert tokens == plain_tokens(model, REPETITIVE, 60)
-
-
 def test_cache_holds_exactly_the_kept_tokens_after_rejections(stories):
     cache = make_prompt_cache(stories.model)
     prompt = stories.tokenizer.encode("Once upon a time, there was a dog. The dog was happy.")

@@ -1,0 +1,86 @@
+"""Speculation on every cache type: KV caches are trimmed; state caches (state-space, linear
+attention, short convolutions) and sliding windows past their wrap are restored and the accepted
+tokens fed again. Greedy and seeded output equal plain decoding's, and the cache ends as plain
+decoding of the same tokens leaves it."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import plain_tokens, run, tiny_model
+from mlx_lm.models.cache import make_prompt_cache
+
+from specgen.drafter import make_drafter
+from specgen.sampling import make_selector
+
+CYCLE = list(range(10, 26))  # the steering below makes the model mostly walk this cycle
+PROMPT = CYCLE * 2 + [10, 11, 12]
+
+
+class Steered:
+    """A real forward pass, then `boost` added to the logit of the cycle's next token after each
+    token: the model mostly follows the cycle (drafts are accepted), but where its own logits win,
+    it leaves it (drafts are rejected). Its choices depend on the cache, so a wrong cache shows."""
+
+    def __init__(self, model, boost: float):
+        self.model, self.layers, self.boost = model, model.layers, boost
+        if hasattr(model, "make_cache"):  # what make_prompt_cache asks of hybrid models
+            self.make_cache = model.make_cache
+
+    def __call__(self, x, cache):
+        logits = self.model(x, cache=cache)
+        t = x.astype(mx.int32)
+        nxt = CYCLE[0] + (t - CYCLE[0] + 1) % len(CYCLE)
+        hot = mx.arange(logits.shape[-1])[None, None, :] == nxt[..., None]
+        return logits + self.boost * hot
+
+
+CASES = {  # arch -> (model overrides, boost, how it rolls back)
+    "qwen3_next": ({}, 2.5, "restore (ArraysCache)"),
+    "mamba": ({}, 2.5, "restore (ArraysCache)"),
+    "mamba2": ({}, 2.5, "restore (ArraysCache)"),
+    "lfm2": ({}, 2.5, "restore (ArraysCache)"),
+    "gemma3_text": ({"sliding_window": 32}, 5.0, "restore (RotatingKVCache)"),
+    "llama": ({}, 2.5, "trim"),
+}
+
+
+def arrays(cache) -> list[np.ndarray]:
+    out = []
+    for c in cache:
+        state = c.state if isinstance(c.state, (list, tuple)) else [c.state]
+        out += [np.array(a) for a in state if isinstance(a, mx.array)]
+    return out
+
+
+@pytest.mark.parametrize("arch", CASES)
+def test_greedy_output_and_final_cache_equal_plain_decoding(arch):
+    overrides, boost, how = CASES[arch]
+    model = Steered(tiny_model(arch, **overrides), boost)
+    cache = make_prompt_cache(model)
+    tokens, steps, pre = run(model, PROMPT, drafter=make_drafter(None), draft=8, max_tokens=200,
+                             prompt_cache=cache)
+    assert str(pre.speculation) == f"on: {how}"
+    assert tokens == plain_tokens(model, PROMPT, 200)
+    accepted, rejected = sum(s.accepted for s in steps), sum(s.drafted - s.accepted for s in steps)
+    assert accepted > 100 and rejected > 0, (accepted, rejected)
+    assert sum(s.accepted for s in steps[len(steps) // 2:]) > 0  # long after a window wraps, too
+    if arch != "gemma3_text":  # a wrapped window's buffer order depends on how it was filled
+        plain = make_prompt_cache(model)
+        for t in PROMPT + tokens[:-1]:
+            model(mx.array([[t]]), cache=plain)
+        for a, b in zip(arrays(cache), arrays(plain), strict=True):
+            assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "gemma3_text"])
+def test_seeded_sampling_is_the_same_with_speculation_on_and_off(arch):
+    overrides, boost, _ = CASES[arch]
+    model = Steered(tiny_model(arch, **overrides), boost * 2)
+    out = {}
+    for draft in (0, 8):
+        tokens, steps, _ = run(model, PROMPT, drafter=make_drafter(None), draft=draft, max_tokens=120,
+                               selector=make_selector(0.5, seed=5))
+        out[draft] = tokens
+        if draft:
+            assert sum(s.accepted for s in steps) > 20
+    assert out[0] == out[8]
