@@ -1,10 +1,13 @@
-"""Speedup on a realistic-size target whose output is a real model's: a Llama-shaped random-weight
-model of about 50M parameters (hidden 512, 8 layers, vocab 32000, float32) runs real forward
-passes, and a wrapper then makes the recorded trace's next token the argmax at every position.
-So the cost of every forward pass is real and the text is what a real 7B model wrote.
+"""Speedup on a realistic-size target whose output is a real model's: a random-weight model of
+about 50M parameters (hidden 512, 8 layers, vocab 32000, float32) runs real forward passes, and a
+wrapper then makes the recorded trace's next token the argmax at every position. So the cost of
+every forward pass is real and the text is what a real 7B model wrote. `--arch` picks its shape:
+Llama (KV caches), Qwen3-Next (linear-attention layers with state caches, every other layer full
+attention: a hybrid), or Gemma-3 (five sliding-window layers to one global, `--window` tokens).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/emulated.py \\
-        [--traces 5] [--max-tokens N] [--repeats 3] [--sets ...] [--memory]
+        [--arch llama|qwen3_next|gemma3] [--window 512] [--traces 5] [--max-tokens N] \\
+        [--repeats 3] [--sets ...] [--memory]
 
 Traces are tokenized with the Llama-2 tokenizer from ../shared. Reports, per trace file, mlx-lm
 plain greedy and specgen (default adaptive drafter with the measured cost curve, and --draft 0)
@@ -21,14 +24,16 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models import llama
+from mlx_lm.models import gemma3_text, llama, qwen3_next
+from mlx_lm.models.cache import make_prompt_cache
 
 from specgen.bench import mlx_lm_tokens, specgen_tokens
 from specgen.calibrate import blas, measure
-from specgen.cost import Curve, cost_function, relative
+from specgen.cost import Curve, cost_function, drafting_cost, relative
 from specgen.drafter import make_drafter
 from specgen.memory import NGramMemory
 from specgen.report import describe_curve
+from specgen.rollback import Rollback
 from specgen.simulate import Tally, replay
 from specgen.timing import alternate, spread
 from specgen.traces import load_tokenizer
@@ -45,9 +50,13 @@ class Forced:
         self.model, self.layers = model, model.layers
         self.seq = mx.array(sequence + [2])  # past the end: EOS
         self.n = len(sequence)
+        if hasattr(model, "make_cache"):  # hybrids build their own cache types
+            self.make_cache = model.make_cache
+        # The position comes from a cache that counts tokens (state caches do not).
+        self.counter = next(i for i, c in enumerate(make_prompt_cache(model)) if hasattr(c, "offset"))
 
     def __call__(self, x, cache):
-        start = cache[0].offset
+        start = cache[self.counter].offset
         logits = self.model(x, cache=cache)
         pos = mx.minimum(mx.arange(start + 1, start + 1 + x.shape[1]), self.n)
         forced = self.seq[pos]
@@ -55,12 +64,24 @@ class Forced:
         return logits + boost
 
 
-def build_model(seed=0):
-    args = llama.ModelArgs(model_type="llama", hidden_size=512, num_hidden_layers=8,
-                           intermediate_size=1408, num_attention_heads=8, num_key_value_heads=8,
-                           rms_norm_eps=1e-5, vocab_size=32000, tie_word_embeddings=False)
+def build_model(arch="llama", window=512, seed=0):
+    shared = dict(hidden_size=512, num_hidden_layers=8, intermediate_size=1408, num_attention_heads=8,
+                  rms_norm_eps=1e-5, vocab_size=32000, tie_word_embeddings=False)
+    if arch == "llama":
+        module, args = llama, dict(model_type="llama", num_key_value_heads=8, **shared)
+    elif arch == "qwen3_next":  # dense MLPs (no experts): the shape, not the MoE, is what matters here
+        module, args = qwen3_next, dict(
+            model_type="qwen3_next", num_key_value_heads=2, linear_num_value_heads=8, linear_num_key_heads=4,
+            linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, num_experts=0,
+            num_experts_per_tok=0, decoder_sparse_step=1, shared_expert_intermediate_size=0,
+            mlp_only_layers=list(range(8)), moe_intermediate_size=0, rope_theta=10000.0,
+            partial_rotary_factor=0.25, max_position_embeddings=8192, head_dim=64,
+            full_attention_interval=2, **shared)
+    else:
+        module, args = gemma3_text, dict(model_type="gemma3_text", num_key_value_heads=4, head_dim=64,
+                                         sliding_window=window, sliding_window_pattern=6, **shared)
     mx.random.seed(seed)
-    model = llama.Model(args)
+    model = module.Model(module.ModelArgs.from_dict(args))
     mx.eval(model.parameters())
     return model
 
@@ -81,6 +102,8 @@ def pick_traces(rows, enc, count, max_prompt, max_tokens):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", choices=["llama", "qwen3_next", "gemma3"], default="llama")
+    ap.add_argument("--window", type=int, default=512, help="gemma3's sliding window")
     ap.add_argument("--traces", type=int, default=5, help="traces per file")
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="cut each output to its first N tokens (default: whole outputs)")
@@ -91,12 +114,15 @@ def main():
                     help="draft with a memory of the file's other outputs (never the timed ones)")
     args = ap.parse_args()
     enc = load_tokenizer(str(SHARED / "tokenizers/llama2/tokenizer.model"))
-    model = build_model()
+    model = build_model(args.arch, args.window)
     params = sum(v.size for _, v in tree_flatten(model.parameters()))
     seconds = measure(model, list(range(100, 356)))
     curve = Curve(relative(seconds))
     cost = cost_function(curve.relative)
-    print(f"# {params / 1e6:.1f}M-parameter llama (float32), BLAS: {blas()}")
+    how = Rollback(make_prompt_cache(model)).how
+    drafting = drafting_cost(cost, 0.0, None, refeed=how != "trim")  # as calibrate.model_costs
+    shape = args.arch + (f", window {args.window}" if args.arch == "gemma3" else "")
+    print(f"# {params / 1e6:.1f}M-parameter {shape} (float32), rollback: {how}, BLAS: {blas()}")
     print(f"# one position {seconds[1] * 1e3:.1f} ms; {describe_curve(curve)}; cost(4 drafts) = {cost(4):.2f}")
     print(f"{'set':28} {'mlx-lm':>8} {'specgen':>8} {'speedup':>8} {'min':>6} {'max':>6} "
           f"{'draft0':>7} {'tok/step':>8} {'predicted':>9} {'identical':>9}")
@@ -111,7 +137,7 @@ def main():
                     mem.add(enc(row["output"]))
 
         def adaptive():  # a drafter as run makes it, each with its own view of the memory
-            return make_drafter(None, cost=cost, memory=mem and mem.reader())
+            return make_drafter(None, cost=drafting, memory=mem and mem.reader())
 
         # What these traces predict with the same drafter and curve and no overhead (`simulate`'s
         # replay): the gap to the measured speedup is what the loop and unqueued steps cost.

@@ -22,6 +22,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from .cost import Curve, cost_function, drafting_cost, queue_after, relative
+from .distributed import World, share
 from .length import CostFn
 from .rollback import Rollback
 from .store import CACHE_ENV, cache_dir, locked, write_atomic
@@ -62,7 +63,8 @@ def _primed_cache(model, tokens: list[int]) -> tuple[list, Rollback]:
     return cache, back
 
 
-def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -> dict[int, float]:
+def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S,
+            fixed: bool = False) -> dict[int, float]:
     """Seconds of a forward pass (with argmax read-back, as a verify step does) per size.
 
     Sizes are timed in increasing order, each only if its warm-up and ROUNDS[0] rounds are
@@ -71,7 +73,10 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -
     the 25th percentile of the rounds (interference only ever adds time); every other size is
     that times the median, over rounds, of its time over one position's in the same round, so a
     burst of load that slows a whole round cancels out. `sample`: token ids the model knows (any
-    text's), repeated to fill the context."""
+    text's), repeated to fill the context. `fixed`: time the sizes up to 16, ROUNDS[0] rounds, with
+    no decision taken on a time (ranks of an mlx.launch group run the same passes in lockstep)."""
+    if fixed:
+        sizes = tuple(k for k in sizes if k <= 16)
     tokens = (sample * (CONTEXT + max(sizes)))[: CONTEXT + max(sizes)]
     cache, back = _primed_cache(model, tokens)
     start = time.perf_counter()
@@ -92,16 +97,16 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S) -
         prev = timed[-1]
         guess = last[prev] * k / prev  # a pass at most as costly per position as the last one
         rounds_s = ROUNDS[0] * (sum(last.values()) + guess)
-        if len(timed) >= 2 and time.perf_counter() - start + 2 * guess + rounds_s > budget_s:
+        if not fixed and len(timed) >= 2 and time.perf_counter() - start + 2 * guess + rounds_s > budget_s:
             break
         step(k)
         last[k] = step(k)
         timed.append(k)
-        if last[k] >= CANNOT_PAY * k * one:
+        if not fixed and last[k] >= CANNOT_PAY * k * one:
             break
     per_round = sum(last.values())
     left = budget_s - (time.perf_counter() - start)
-    rounds = max(ROUNDS[0], min(ROUNDS[1], int(left / max(per_round, 1e-6))))
+    rounds = ROUNDS[0] if fixed else max(ROUNDS[0], min(ROUNDS[1], int(left / max(per_round, 1e-6))))
     times = {k: [] for k in timed}
     for r in range(rounds):
         for k in (timed if r % 2 == 0 else reversed(timed)):
@@ -180,23 +185,42 @@ def _read(path: Path) -> dict:
     return store if isinstance(store, dict) else {}
 
 
+def _flat(curve: Curve | None) -> list[float]:
+    return [] if curve is None else [curve.overlap, *(x for kv in sorted(curve.relative.items()) for x in kv)]
+
+
+def _unflat(values: list[float]) -> Curve | None:
+    if not values:
+        return None
+    return Curve({int(k): v for k, v in zip(values[1::2], values[2::2])}, values[0])
+
+
 def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bool = False,
-                    before_measuring=lambda: None) -> Calibrated:
+                    before_measuring=lambda: None, world: World | None = None) -> Calibrated:
     """This model's cost curve on this machine from the cache, or measured (then cached).
     A damaged entry is measured over; a cache that cannot be read or written is a warning.
-    `before_measuring` is called before a measurement starts (to say why nothing happens yet)."""
+    `before_measuring` is called before a measurement starts (to say why nothing happens yet).
+    In an mlx.launch group (`world`), rank 0's cache decides, every rank measures the same passes
+    (no queuing-ahead overlap: it would be timed differently by each), and all use rank 0's curve."""
     path = calibration_file()
-    key = f"{model_key}|{machine_id()}"
+    key = f"{model_key}|{machine_id()}" + (f"|{world.size} ranks" if world else "")
     warning = None
     try:
         cached = None if recalibrate else _valid(_read(path).get(key))
     except (OSError, ValueError) as e:
         cached, warning = None, f"cannot read {path} ({e}); measuring again"
+    if world is not None:
+        cached = _unflat(share(world, _flat(cached) if world.rank == 0 else None))
     if cached is not None:
         return Calibrated(cached, False, warning)
     before_measuring()
-    seconds = measure(model, sample)
-    curve = Curve(relative(seconds), measure_overlap(model, sample, seconds[min(seconds)]))
+    seconds = measure(model, sample, fixed=world is not None)
+    if world is None:
+        curve = Curve(relative(seconds), measure_overlap(model, sample, seconds[min(seconds)]))
+    else:
+        curve = _unflat(share(world, _flat(Curve(relative(seconds))) if world.rank == 0 else None))
+        if world.rank != 0:
+            return Calibrated(curve, True, None)  # rank 0 keeps the cache
     entry = {"relative": {str(k): v for k, v in curve.relative.items()}, "overlap": curve.overlap,
              "seconds": {str(k): v for k, v in seconds.items()}, "measured": time.time()}
     try:
@@ -250,11 +274,11 @@ class Costs(NamedTuple):
 
 
 def model_costs(model, key: str, tokenizer, *, recalibrate: bool = False,
-                before_measuring=lambda: None) -> Costs:
+                before_measuring=lambda: None, world: World | None = None) -> Costs:
     """The cached or measured curve of a model (see `load_or_measure`), and what follows from it."""
     sample = list(tokenizer.encode(SAMPLE)) or [0]
     curve, fresh, warning = load_or_measure(model, key, sample, recalibrate=recalibrate,
-                                            before_measuring=before_measuring)
+                                            before_measuring=before_measuring, world=world)
     step = cost_function(curve.relative)
     ahead = queue_after(curve.overlap)
     refeed = Rollback(make_prompt_cache(model)).how != "trim"

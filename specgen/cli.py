@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import secrets
 import signal
 import sys
 from typing import Optional
@@ -16,9 +18,12 @@ from .clikit import (
     Notices,
     cli_errors,
     costs,
+    fail,
+    launch_group,
     load,
     read_memory,
     save_memory,
+    shared_ints,
     user_models_file,
 )
 from .settings import check
@@ -80,23 +85,31 @@ def run(
     from .sampling import make_selector
     from .stats import RunStats
 
+    group = launch_group(prompt, file)  # under mlx.launch: every rank runs this, rank 0 speaks
     say = Notices(quiet)
     say.settings(check(max_tokens=max_tokens, draft=draft, ngram_order=ngram_order, window=window,
                        temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, dtype=dtype))
     if memory and draft is not None:
         say.warn("--memory drafts only with the adaptive drafter (no --draft); this run just adds its output to it")
+    if memory and group is not None:
+        fail("--memory is not supported under mlx.launch yet (each machine would draft from its own memory)")
+    if temp > 0 and seed is None:  # every rank must sample with rank 0's seed
+        seed = shared_ints(group, lambda: [secrets.randbits(32)])[0]
     selector = make_selector(temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
-    text = read_prompt(prompt, file, sys.stdin)
-    loaded = load(model, dtype, say)
-    ids = encode_prompt(loaded.tokenizer, text, chat=loaded.spec.chat_template and not raw, system=system)
+    text = read_prompt(prompt, file, sys.stdin) if group is None else None  # before a slow load
+    loaded = load(model, dtype, say, group)
+    ids = shared_ints(group, lambda: encode_prompt(
+        loaded.tokenizer, text if text is not None else read_prompt(prompt, file, io.StringIO()),
+        chat=loaded.spec.chat_template and not raw, system=system))
     mem, mem_path = read_memory(loaded, ngram_order, say) if memory else (None, None)
-    found = costs(loaded, recalibrate, say) if draft is None else None
+    found = costs(loaded, recalibrate, say, group) if draft is None else None
     drafter = make_drafter(draft, max_order=ngram_order, window=window, memory=mem,
                            cost=found.drafting if found else None)
     mode = DraftMode("auto" if draft is None else "fixed", defaults.MAX_DRAFT if draft is None else draft,
                      found.curve if found else None)
     stats = RunStats(model=loaded.spec.name, draft_mode=str(mode), temp=temp,
-                     seed=getattr(selector, "seed", None))
+                     seed=getattr(selector, "seed", None), ranks=group.size if group else 1,
+                     sharding=loaded.sharding or "none")
     events = generate(loaded.model, ids, drafter=drafter, draft=mode.cap, max_tokens=max_tokens,
                       stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
                       selector=selector, queue_after=found.queue_after if found else None)

@@ -15,6 +15,7 @@ from .clikit import (
     cli_errors,
     costs,
     fail,
+    launch_group,
     load,
     read_memory,
     resolve,
@@ -96,15 +97,18 @@ def bench(
     from .prompts import encode_prompt
     from .report import DraftMode, bench_table
 
+    group = launch_group(None, None)  # under mlx.launch: every rank runs this, rank 0 speaks
     say = Notices(quiet, "specgen bench")
     check(max_tokens=max_tokens, draft=draft, repeats=repeats, dtype=dtype)
     if memory and draft is not None:
         fail("--memory drafts only with the adaptive drafter: leave out --draft")
-    sets = read_prompt_file(prompts) if prompts else None
-    loaded = load(model, dtype, say)
+    if memory and group is not None:
+        fail("--memory is not supported under mlx.launch yet (each machine would draft from its own memory)")
+    sets = read_prompt_file(prompts) if prompts else None  # under mlx.launch, on every machine
+    loaded = load(model, dtype, say, group)
     chat = loaded.spec.chat_template and not raw and getattr(loaded.tokenizer, "has_chat_template", False)
     sets = sets or builtin_sets(chat)
-    found = costs(loaded, recalibrate, say) if draft is None else None
+    found = costs(loaded, recalibrate, say, group) if draft is None else None
     mem = read_memory(loaded, defaults.MAX_ORDER, say)[0] if memory else None
     if mem is not None and not mem.outputs():
         say.warn(f"{loaded.spec.name} has no memory yet; `specgen run --memory` builds it")
@@ -129,7 +133,8 @@ def bench(
         for d in r["divergences"]:
             say(f"{r['set']}: prompt {d['prompt']} diverges from mlx-lm at token {d['at_token']}")
     if json_out:
-        sys.stdout.write(json.dumps([{"model": loaded.spec.name, "draft_mode": str(mode), "blas": blas(), **r}
+        sys.stdout.write(json.dumps([{"model": loaded.spec.name, "draft_mode": str(mode), "blas": blas(),
+                                      "ranks": group.size if group else 1, "sharding": loaded.sharding or "none", **r}
                                      for r in results], indent=1) + "\n")
         return
     bench_table(results, model=loaded.spec.name, draft_mode=str(mode), blas=blas())

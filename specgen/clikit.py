@@ -23,7 +23,7 @@ FLAGS = {"max_tokens": "--max-tokens", "draft": "--draft", "ngram_order": "--ngr
          "window": "--window", "temp": "--temp", "top_p": "--top-p", "top_k": "--top-k",
          "min_p": "--min-p", "seed": "--seed", "beta": "--beta", "overlap": "--overlap",
          "queue_after": "--pipeline-after", "repeats": "--repeats", "system": "--system",
-         "dtype": "--dtype"}
+         "dtype": "--dtype", "prompt": "the prompt"}
 DTYPE_HELP = "Convert (and dequantize) the weights to this dtype: float32, float16 or bfloat16."
 
 
@@ -111,22 +111,22 @@ def resolve(model: str) -> registry.ModelSpec:
     return registry.resolve(model, registry.load_registry(user_models_file()))
 
 
-def load(model: str, dtype: str | None, say: Notices):
+def load(model: str, dtype: str | None, say: Notices, world=None):
     """Load a model (see registry.load), saying so in a terminal, and warning of what will not hold."""
     spec = resolve(model)
     say.progress(f"loading {spec.name} ...")
-    loaded = registry.load(spec, dtype=dtype)
+    loaded = registry.load(spec, dtype=dtype, world=world)
     for w in loaded.warnings:
         say.warn(w)
     return loaded
 
 
-def costs(loaded, recalibrate: bool, say: Notices):
+def costs(loaded, recalibrate: bool, say: Notices, world=None):
     """The model's measured verify cost (calibrate.model_costs); it says so while the curve is
     measured."""
     from .calibrate import model_costs
 
-    found = model_costs(loaded.model, loaded.key, loaded.tokenizer, recalibrate=recalibrate,
+    found = model_costs(loaded.model, loaded.key, loaded.tokenizer, recalibrate=recalibrate, world=world,
                         before_measuring=lambda: say.progress(
                             f"measuring how fast {loaded.spec.name} verifies drafts on this machine "
                             "(once per model; a few seconds) ..."))
@@ -154,3 +154,38 @@ def save_memory(mem, path, out_ids, say: Notices) -> None:
     warning = memory_file.save(mem, path)
     if warning:
         say.warn(warning)
+
+
+def launch_group(prompt: str | None, file: str | None):
+    """The mlx.launch group this process runs in (None when not launched, or alone); ranks other
+    than 0 print nothing (rank 0 speaks for the group)."""
+    from .distributed import world
+
+    w = world()
+    if w is not None and w.rank != 0:
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+    if w is not None and "-" in (prompt, file):
+        raise SettingError("prompt", "cannot come from standard input under mlx.launch, which does not "
+                           "pass it on: give it as an argument or with -f FILE")
+    return w
+
+
+def shared_ints(w, make) -> list[int]:
+    """`make()` (ints, such as prompt ids) on rank 0, sent to every rank; a SpecgenError raised by
+    `make` on rank 0 ends every rank (rank 0 reports it)."""
+    if w is None:
+        return make()
+    from .distributed import share_ints
+
+    made, error = None, None
+    if w.rank == 0:
+        try:
+            made = make()
+        except SpecgenError as e:
+            error = e
+    got = share_ints(w, (made or []) if w.rank == 0 else None)
+    if error is not None:
+        raise error
+    if not got:
+        raise typer.Exit(EXIT_ERROR)
+    return got

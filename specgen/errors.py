@@ -33,3 +33,7 @@ class ConfigError(SpecgenError):
 
 class ModelError(SpecgenError):
     """A model could not be found, downloaded or loaded."""
+
+
+class DistributedError(SpecgenError):
+    """A group was asked for (by mlx.launch) but could not be formed or used."""

@@ -45,6 +45,7 @@ class LoadedModel:
     stop_ids: frozenset = field(default_factory=frozenset)
     key: str = ""  # what identifies the weights (model_key)
     warnings: list[str] = field(default_factory=list)  # things the user set that will not hold
+    sharding: str = ""  # how the model is split over an mlx.launch group ("" when it is not)
 
 
 def packaged_models_file() -> Path:
@@ -185,9 +186,10 @@ def to_dtype(model, dtype: str):
     return model
 
 
-def load(spec: ModelSpec, *, dtype: str | None = None) -> LoadedModel:
-    """Load a model and tokenizer with mlx_lm.load, turning every failure into a one-line
-    ModelError; `dtype` converts (and dequantizes) the weights."""
+def load(spec: ModelSpec, *, dtype: str | None = None, world=None) -> LoadedModel:
+    """Load a model and tokenizer with mlx_lm.load (or, in an mlx.launch group `world`, sharded
+    over it: distributed.load_sharded), turning every failure into a one-line ModelError;
+    `dtype` converts (and dequantizes) the weights."""
     import mlx_lm  # deferred: importing mlx-lm costs a second that `specgen models` need not pay
 
     source = local_source(spec.source)
@@ -199,8 +201,16 @@ def load(spec: ModelSpec, *, dtype: str | None = None) -> LoadedModel:
         if not (local / "config.json").is_file():
             raise ModelError(f"{source} is not a model folder (no config.json in it)")
         _read_config(local)
+    sharding = ""
     try:
-        model, tokenizer, config = mlx_lm.load(source, return_config=True)
+        if world is not None:
+            from .distributed import load_sharded
+
+            model, tokenizer, config, sharding = load_sharded(source, spec.name, world)
+        else:
+            model, tokenizer, config = mlx_lm.load(source, return_config=True)
+    except ModelError:
+        raise
     except Exception as e:  # mlx-lm and huggingface_hub raise many types; each becomes one line
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if is_repo and type(e).__module__.startswith("huggingface_hub"):
@@ -218,4 +228,4 @@ def load(spec: ModelSpec, *, dtype: str | None = None) -> LoadedModel:
         else:
             stop_ids.add(found)
     return LoadedModel(spec, model, tokenizer, spec.context_length or _context_length(config),
-                       frozenset(stop_ids), model_key(spec), warnings)
+                       frozenset(stop_ids), model_key(spec), warnings, sharding)

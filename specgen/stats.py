@@ -74,6 +74,8 @@ class RunStats:
     temp: float = 0.0
     seed: int | None = None  # the sampling seed (None when greedy), so a run can be repeated
     speculation: Speculation = Speculation(True)
+    ranks: int = 1  # processes the model runs on (an mlx.launch group)
+    sharding: str = "none"  # how the model is split over them
     prompt_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -124,4 +126,6 @@ class RunStats:
             "temp": finite(self.temp),
             "seed": self.seed,
             "stop_reason": self.stop_reason,
+            "ranks": self.ranks,
+            "sharding": self.sharding,
         }
