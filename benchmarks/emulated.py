@@ -5,6 +5,10 @@ every forward pass is real and the text is what a real 7B model wrote. `--arch` 
 Llama (KV caches), Qwen3-Next (linear-attention layers with state caches, every other layer full
 attention: a hybrid), or Gemma-3 (five sliding-window layers to one global, `--window` tokens).
 
+Under `mlx.launch -n 2 --backend ring -- python benchmarks/emulated.py ...` the model is split
+tensor-parallel over the ranks (llama shape), the curve is measured with every rank in step and
+rank 0's is used by all, and mlx-lm's baseline runs on the same sharded model; rank 0 prints.
+
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/emulated.py \\
         [--arch llama|qwen3_next|gemma3] [--window 512] [--traces 5] [--max-tokens N] \\
         [--repeats 3] [--sets ...] [--memory]
@@ -20,6 +24,8 @@ user's `--memory` would.
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -30,6 +36,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from specgen.bench import mlx_lm_tokens, specgen_tokens
 from specgen.calibrate import blas, measure
 from specgen.cost import Curve, cost_function, drafting_cost, relative
+from specgen.distributed import share, world
 from specgen.drafter import make_drafter
 from specgen.memory import NGramMemory
 from specgen.report import describe_curve
@@ -116,13 +123,22 @@ def main():
     enc = load_tokenizer(str(SHARED / "tokenizers/llama2/tokenizer.model"))
     model = build_model(args.arch, args.window)
     params = sum(v.size for _, v in tree_flatten(model.parameters()))
-    seconds = measure(model, list(range(100, 356)))
+    group = world()
+    if group is not None:
+        model.shard(group.group)
+        mx.eval(model.parameters())
+        if group.rank != 0:
+            sys.stdout = open(os.devnull, "w")
+    seconds = measure(model, list(range(100, 356)), fixed=group is not None)
+    flat = share(group, [v for kv in sorted(seconds.items()) for v in kv] if group is None or group.rank == 0 else None)
+    seconds = {int(k): v for k, v in zip(flat[::2], flat[1::2])}  # rank 0's, on every rank
     curve = Curve(relative(seconds))
     cost = cost_function(curve.relative)
     how = Rollback(make_prompt_cache(model)).how
     drafting = drafting_cost(cost, 0.0, None, refeed=how != "trim")  # as calibrate.model_costs
     shape = args.arch + (f", window {args.window}" if args.arch == "gemma3" else "")
-    print(f"# {params / 1e6:.1f}M-parameter {shape} (float32), rollback: {how}, BLAS: {blas()}")
+    ranks = f", {group.size} ranks (tensor-parallel, ring)" if group else ""
+    print(f"# {params / 1e6:.1f}M-parameter {shape} (float32){ranks}, rollback: {how}, BLAS: {blas()}")
     print(f"# one position {seconds[1] * 1e3:.1f} ms; {describe_curve(curve)}; cost(4 drafts) = {cost(4):.2f}")
     print(f"{'set':28} {'mlx-lm':>8} {'specgen':>8} {'speedup':>8} {'min':>6} {'max':>6} "
           f"{'draft0':>7} {'tok/step':>8} {'predicted':>9} {'identical':>9}")
