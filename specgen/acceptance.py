@@ -26,7 +26,8 @@ NGRAM_GROUPS = ("ngram", "ngram1")  # shrunk by ngram_shrink; the others by shri
 class Evidence(NamedTuple):
     """A kind of support for a drafted token, with its prior and the group that rescales it."""
 
-    kind: str  # "copy", "mcopy" (memory's), "realign", "subst", "ngram", "ngram1" (seen once), "memory"
+    kind: str  # "copy", "mcopy" (memory's), "realign", "subst", "ngram", "ngram1" (seen once), "memory",
+    # "recycled" (the target's own earlier prediction after the same token)
     prior: float
     odds: float  # prior / (1 - prior)
     group: str  # the rescaling it shares: its kind, but "long" copies apart and realign with copies
@@ -50,6 +51,7 @@ class EvidenceTable:
     bucket_of: tuple  # backward match length (capped at match_cap + 1) -> its match bucket
     realign: tuple  # [drafted position, the last one repeating]
     subst: Evidence
+    recycled: Evidence
     ngram: tuple  # [kind: own 0 / own and seen once 1 / memory 2][order 2..4 - 2][share 0..2][count 1..4+ - 1]
 
     def copy_at(self, match: int, *, agree: bool = True, cont: bool = False, own: bool = True) -> Evidence:
@@ -77,7 +79,8 @@ def evidence_for(params: DrafterParams) -> EvidenceTable:
         for kind in ("ngram", "ngram1", "memory"))
     bucket_of = tuple(next((i for i, bound in enumerate(params.copy_bounds) if m < bound), last)
                       for m in range(params.match_cap + 2))
-    return EvidenceTable(copy, bucket_of, realign, _evidence("subst", params.subst_prior), ngram)
+    return EvidenceTable(copy, bucket_of, realign, _evidence("subst", params.subst_prior),
+                         _evidence("recycled", params.recycled_prior), ngram)
 
 
 @dataclass(slots=True)

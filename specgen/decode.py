@@ -117,6 +117,7 @@ def generate(
                         # mismatch (or the position after the last draft) emits that choice: each
                         # step yields exactly what plain decoding would.
                         chosen = selector.verify(logits, history, pos, drafts)
+                        drafter.recycle([history[-1], *drafts], chosen.tokens)
                         n = 0
                         while n < len(drafts) and drafts[n] == chosen.tokens[n]:
                             n += 1
@@ -148,7 +149,10 @@ def generate(
                     rollback.mark()  # a step queued past the last token is taken back
                     queued = selector.pick(forward(pending.reshape(1))[-1], history, pos + 1)
                     mx.async_eval(queued)
-                emitted, stop = finish([pending.item()])
+                token = pending.item()
+                if speculation.on:
+                    drafter.recycle(history[-1:], [token])
+                emitted, stop = finish([token])
                 yield Step(tuple(emitted), stop_reason=stop)
                 if stop:
                     return

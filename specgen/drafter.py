@@ -4,7 +4,9 @@ it pays.
 For each position it could draft, it takes a candidate token with its evidence from, in order of
 preference: a copy (copies.py: the history's end occurred before, in the prompt, the output or
 memory's earlier outputs; or it resumes a copy that broke), else the n-gram tables (the request's
-own, or memory's; when the two disagree, the counts of both decide). Each candidate's chance q
+own, or memory's; when the two disagree, the counts of both decide) or the target's own recycled
+prediction (what it last chose after the same token, in any forward pass, rejected drafts
+included: Token Recycling, Luo et al. 2024), whichever is likelier. Each candidate's chance q
 of being accepted comes from its evidence (acceptance.py); the draft length is the Leviathan
 choice over the measured cost curve (length.py). After each step the decode loop says which
 draft tokens held (`Verdict`), and the drafter learns from it: per request, how each kind of
@@ -60,6 +62,7 @@ class AdaptiveDrafter:
         self._keys: tuple[int, list[int]] | None = None  # (tokens fed, keys) from the last draft
         self._table = None  # the cost table, built at the first draft
         self.last: Draft | None = None  # the last draft, until the loop's verdict on it
+        self.recycled: dict[int, int] = {}  # token -> the target's latest choice after it
         self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, params, memory).guess
 
     # --- learning ---------------------------------------------------------------------------
@@ -112,6 +115,10 @@ class AdaptiveDrafter:
             self.copies.judged(last.copy.pos, tokens, n, len(last.tokens),
                                n < len(last.evidence) and last.evidence[n].kind == "subst")
 
+    def recycle(self, inputs, predicted) -> None:
+        """Remember the target's choice after each input token of a forward pass."""
+        self.recycled.update(zip(inputs, predicted))
+
     # --- drafting ---------------------------------------------------------------------------
 
     def draft(self, room: int) -> list[int]:
@@ -142,7 +149,7 @@ class AdaptiveDrafter:
         guess = None
         if copy is None:
             guess = self._ngram(keys)
-            if guess is None:  # nothing to go on (most chat steps): no draft
+            if guess is None and toks[-1] not in self.recycled:  # nothing to go on: no draft
                 return None
         made = Draft([], [], copy)
         k = choose_length(self._candidates(keys, made, guess), table, room, self.params.min_p)
@@ -200,10 +207,15 @@ class AdaptiveDrafter:
                     tok, ev, q = alt.token, alt.evidence, alt.q
             else:
                 alt = guess or self._ngram(keys or context_keys(ctx, order))
+                guess = None
+                mine = self.recycled.get(ctx[-1])
+                if mine is not None:
+                    q = self.acceptance.q(table.recycled)
+                    if alt is None or q > alt.q:
+                        alt = Guess(mine, table.recycled, q)
                 if alt is None:
                     return
                 tok, ev, q = alt.token, alt.evidence, alt.q
-                guess = None
             tokens.append(tok)
             evidence.append(ev)
             yield q

@@ -9,7 +9,7 @@ model-free code such as simulate and stats can use them).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Protocol
+from typing import Iterable, NamedTuple, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -77,3 +77,6 @@ class Drafter(Protocol):
 
     def would_draft(self, room: int) -> bool:
         """Whether `draft` would draft anything here (asked of steps that cannot use a draft)."""
+
+    def recycle(self, inputs: Sequence[int], predicted: Sequence[int]) -> None:
+        """The target's own choice after each of `inputs` in a forward pass (rejected drafts too)."""

@@ -45,6 +45,7 @@ class DrafterParams:
     copy_prior: tuple = _COPY_PRIOR
     realign_prior: tuple[float, ...] = (0.35, 0.6, 0.7, 0.8)  # by drafted position (last repeats)
     subst_prior: float = 0.4
+    recycled_prior: float = 0.5  # the model's own last prediction after the context's last token
     ngram_prior: tuple = _NGRAM_PRIOR
     copy_bounds: tuple[int, ...] = field(init=False)  # upper bounds of the copy match buckets
 

@@ -73,6 +73,9 @@ class NGramPredictor:
             ctx.append(tok)
         return out
 
+    def recycle(self, inputs, predicted) -> None:
+        """The fixed-length predictor drafts from its n-gram tables alone."""
+
     def would_draft(self, n: int) -> bool:
         """Whether `draft(n)` would draft anything (asked of steps that cannot use a draft)."""
         return bool(self.draft(min(n, 1)))

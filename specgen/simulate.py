@@ -76,14 +76,18 @@ class FileReport:
 def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int,
            beta: float = defaults.BETA, max_tokens: int | None = None,
            context_length: int | None = None, queue_after: int | None = None,
-           overlap: float = 0.0, cost: CostFn | None = None) -> Tally:
+           overlap: float = 0.0, cost: CostFn | None = None, predicted: list[int] | None = None,
+           ) -> Tally:
     """Count the steps greedy speculation with `drafter` needs to emit `output` after `prompt`.
 
     `draft` is the most tokens a step drafts; `max_tokens` (default: the output's length) and
     `context_length` limit drafts as in `run`; tokens past the end of `output` never match, like
     the tokens after a stop token. `queue_after` as in `decode.generate`: a step queued ahead
     drafts nothing, and costs 1 - `overlap` (the share of a plain step that queuing ahead saves).
-    A step that drafts k tokens costs `cost(k)`, by default 1 + `beta` * k.
+    A step that drafts k tokens costs `cost(k)`, by default 1 + `beta` * k. `predicted` (the
+    model's top-1 after each token of prompt + output, from a trace's "topk") is recycled to the
+    drafter as the decode loop does, along the output's path only (rejected drafts' rows were not
+    recorded) and not for the prompt (whose logits the loop never computes).
     """
     cost = cost or linear_cost(beta)
     t = Tally(traces=1, plain_cost=len(output) * (1 - overlap))
@@ -112,6 +116,9 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
         emitted = output[i : i + n + 1]
         verdict = Verdict.of(len(drafts), n, len(emitted)) if drafts else None
         t0 = clock()
+        if predicted is not None:
+            drafter.recycle([*prompt, *output][pos - 1 : pos - 1 + len(emitted)],
+                            predicted[pos - 1 : pos - 1 + len(emitted)])
         drafter.feed(emitted, verdict)
         spent += clock() - t0
         t.counts.add_step(len(emitted), len(drafts), n)
@@ -139,7 +146,7 @@ def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[],
     try:
         for tr in traces:
             t = replay(tr.prompt, tr.output, make_drafter(), draft=draft, beta=beta,
-                       queue_after=queue_after, overlap=overlap, cost=cost)
+                       queue_after=queue_after, overlap=overlap, cost=cost, predicted=tr.predicted)
             if memory is not None:
                 memory.add(tr.output)
                 gc.freeze()

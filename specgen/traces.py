@@ -1,7 +1,9 @@
 """Recorded model outputs to replay (`simulate`), and the tokenizers that turn text traces into ids.
 
 A trace line is {"prompt", "output"} text (optional "id", "category") or pre-tokenized
-{"prompt_ids", "output_ids"}.
+{"prompt_ids", "output_ids"}, optionally with "topk": for every position of prompt + output, the
+recording model's likeliest next tokens, best first (its first one is what the target would have
+told a recycling drafter there).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Trace:
     category: str
     prompt: list[int]
     output: list[int]
+    predicted: list[int] | None = None  # the model's top-1 after each token of prompt + output
 
 
 def load_tokenizer(spec: str) -> Callable[[str], list[int]]:
@@ -97,7 +100,16 @@ def read_traces(path: str, encode: Callable[[str], list[int]] | None) -> list[Tr
             raise InputError(f"{path}:{n}: needs \"output\" (text) or \"output_ids\"")
         if not output:
             raise InputError(f"{path}:{n}: the output is empty: there is nothing to replay")
-        traces.append(Trace(str(row.get("id", n)), str(row.get("category", "all")), list(prompt), list(output)))
+        predicted = None
+        if "topk" in row:
+            topk = row["topk"]
+            if (not isinstance(topk, list) or len(topk) != len(prompt) + len(output)
+                    or not all(_ids(k) and k for k in topk)):
+                raise InputError(f"{path}:{n}: \"topk\" must hold a non-empty list of token ids for "
+                                 "every position of prompt + output")
+            predicted = [k[0] for k in topk]
+        traces.append(Trace(str(row.get("id", n)), str(row.get("category", "all")), list(prompt),
+                            list(output), predicted))
     if not traces:
         raise InputError(f"{path} holds no traces")
     return traces

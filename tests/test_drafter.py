@@ -90,3 +90,23 @@ def test_make_drafter_checks_its_settings_by_name():
         with pytest.raises(SettingError) as e:
             make_drafter(**{"draft": None, **kw})
         assert e.value.param == param
+
+
+def test_the_targets_recycled_predictions_are_drafted_where_nothing_else_knows():
+    # The target chose 9 after 5 in a rejected draft row: nothing the output holds says so.
+    d = AdaptiveDrafter()
+    d.feed([1, 2, 3, 5])
+    assert d.draft(8) == []
+    d.recycle([5, 9], [9, 4])
+    assert d.draft(8)[:2] == [9, 4]
+
+
+def test_recycled_predictions_that_keep_failing_stop_being_drafted():
+    d = AdaptiveDrafter(cost=linear_cost(0.3))  # a draft token must hold 30% of the time to pay
+    d.feed([1, 2, 3])
+    drafted = []
+    for i in range(10):
+        d.recycle([100 + i], [200 + i])  # a fresh prediction after each new token...
+        d.feed([100 + i], Verdict(0, True) if d.last else None)  # ...that never holds
+        drafted.append(len(d.draft(8)))
+    assert drafted[0] == 1 and drafted[-1] == 0
