@@ -86,6 +86,31 @@ def generate(
             stop = "context"
         return emitted, stop
 
+    def judge(logits: mx.array, drafts: list[int]) -> tuple[list[int], int, bool]:
+        """What a verify pass over `drafts` emits, how many drafts equal the target's choices, and
+        whether a near-tied row had to be recomputed.
+
+        A draft token is accepted iff it equals the selector's choice at its position (argmax, or
+        the sample keyed by seed and position); the first mismatch (or the position after the last
+        draft) emits that choice: each step yields exactly what plain decoding would."""
+        pos = len(history)
+        chosen = selector.verify(logits, history, pos, drafts)
+        drafter.recycle([history[-1], *drafts], chosen.tokens)
+        n = 0
+        while n < len(drafts) and drafts[n] == chosen.tokens[n]:
+            n += 1
+        if chosen.trusted > n:
+            return drafts[:n] + [chosen.tokens[n]], n, False
+        # The row choosing the last token is near-tied: choose it as plain decoding does, from a
+        # one-position pass after the drafts before it.
+        n = chosen.trusted
+        rollback.rewind_to(pos - 1 + n)
+        seq = [*history, *drafts]
+        if rollback.cached < pos - 1 + n:  # a restore went back further
+            forward(seq[rollback.cached : pos - 1 + n])
+        last = selector.pick(forward([seq[pos - 1 + n]])[-1], history, pos + n).item()
+        return drafts[:n] + [last], n + (n < len(drafts) and drafts[n] == last), True
+
     with mx.stream(generation_stream):
         for start in range(0, len(prompt) - 1, PREFILL_CHUNK):
             forward(prompt[start : min(start + PREFILL_CHUNK, len(prompt) - 1)])
@@ -112,31 +137,12 @@ def generate(
                     fed = [*history[rollback.cached:], *drafts]
                     logits = forward(fed)[-1 - len(drafts):]
                     if drafts:
-                        # A draft token is accepted iff it equals the selector's choice at its
-                        # position (argmax, or the sample keyed by seed and position); the first
-                        # mismatch (or the position after the last draft) emits that choice: each
-                        # step yields exactly what plain decoding would.
-                        chosen = selector.verify(logits, history, pos, drafts)
-                        drafter.recycle([history[-1], *drafts], chosen.tokens)
-                        n = 0
-                        while n < len(drafts) and drafts[n] == chosen.tokens[n]:
-                            n += 1
-                        confirm = chosen.trusted <= n  # the row choosing the last token is near-tied
-                        if confirm:  # so choose it from a one-position pass, as plain decoding does
-                            n = chosen.trusted
-                            rollback.rewind_to(len(history) - 1 + n)
-                            seq = [*history, *drafts]
-                            if rollback.cached < pos - 1 + n:  # a restore went back further
-                                forward(seq[rollback.cached:pos - 1 + n])
-                            last = selector.pick(forward([seq[pos - 1 + n]])[-1], history, pos + n).item()
-                        else:
-                            last = chosen.tokens[n]
-                        matched = n + (n < len(drafts) and drafts[n] == last)
-                        emitted, stop = finish(drafts[:n] + [last], len(drafts), matched)
+                        tokens, matched, confirmed = judge(logits, drafts)
+                        emitted, stop = finish(tokens, len(drafts), matched)
                         rollback.rewind_to(len(history) - 1)
                         schedule.heard(True)
                         yield Step(tuple(emitted), len(drafts), min(matched, len(emitted)), stop,
-                                   confirmed=confirm)
+                                   confirmed=confirmed)
                         if stop:
                             return
                         continue
