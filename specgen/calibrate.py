@@ -21,7 +21,14 @@ from typing import NamedTuple
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from .cost import Curve, cost_function, drafting_cost, queue_after, relative
+from .cost import (
+    Curve,
+    cost_function,
+    drafting_cost,
+    queue_after,
+    relative,
+    unprofitable,
+)
 from .distributed import World, share
 from .length import CostFn
 from .rollback import Rollback
@@ -269,6 +276,7 @@ class Costs(NamedTuple):
     step: CostFn  # what a step costs (the measured curve), for predictions
     curve: Curve
     queue_after: int | None  # the loop's queuing policy (cost.queue_after)
+    off: str | None  # why speculation cannot pay on this curve (cost.unprofitable), if it cannot
     fresh: bool  # measured now
     warning: str | None  # the cache could not be read or written
 
@@ -282,4 +290,5 @@ def model_costs(model, key: str, tokenizer, *, recalibrate: bool = False,
     step = cost_function(curve.relative)
     ahead = queue_after(curve.overlap)
     refeed = Rollback(make_prompt_cache(model)).how != "trim"
-    return Costs(drafting_cost(step, curve.overlap, ahead, refeed), step, curve, ahead, fresh, warning)
+    return Costs(drafting_cost(step, curve.overlap, ahead, refeed), step, curve, ahead,
+                 unprofitable(curve), fresh, warning)

@@ -112,7 +112,10 @@ def run(
                      sharding=loaded.sharding or "none")
     events = generate(loaded.model, ids, drafter=drafter, draft=mode.cap, max_tokens=max_tokens,
                       stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
-                      selector=selector, queue_after=found.queue_after if found else None)
+                      selector=selector, queue_after=found.queue_after if found else None,
+                      off=found.off if found else None)
+    if found and found.off:
+        say(f"speculation off: {found.off}; decoding plainly")
 
     interrupted = False
     out_ids: list[int] = []

@@ -118,15 +118,28 @@ def bench(
     def make():  # a fresh drafter per run, each with its own view of the memory
         return make_drafter(draft, cost=found.drafting if found else None, memory=mem.reader() if mem else None)
 
-    predict = (replayer(make, mode.cap, max_tokens, found.step, found.queue_after, found.curve.overlap)
-               if found else None)
+    off = found.off if found else None
+    if off:
+        say(f"speculation off: {off}; specgen decodes plainly")
+    predict = (replayer(make, 0 if off else mode.cap, max_tokens, found.step,
+                        0 if off else found.queue_after, found.curve.overlap) if found else None)
+    encoded = {}
+    for name, texts in sets.items():
+        ids = [encode_prompt(loaded.tokenizer, t, chat=chat) for t in texts]
+        fit = [p for p in ids if loaded.context_length is None or len(p) < loaded.context_length]
+        if len(fit) < len(ids):
+            say.warn(f"{name}: {len(ids) - len(fit)} prompt(s) longer than the model's context "
+                     f"({loaded.context_length} tokens) left out")
+        if fit:
+            encoded[name] = fit
+    if not encoded:
+        fail(f"no prompt fits the model's context ({loaded.context_length} tokens)")
     results = []
-    with say.bar("benchmarking", sum(len(t) for t in sets.values()) * repeats) as advance:
-        for name, texts in sets.items():
-            ids = [encode_prompt(loaded.tokenizer, t, chat=chat) for t in texts]
+    with say.bar("benchmarking", sum(len(ids) for ids in encoded.values()) * repeats) as advance:
+        for name, ids in encoded.items():
             res = run_set(name, loaded.model, ids, max_tokens=max_tokens, repeats=repeats,
                           stop=loaded.stop_ids, context_length=loaded.context_length,
-                          queue_after=found.queue_after if found else None, make=make, draft=mode.cap,
+                          queue_after=found.queue_after if found else None, make=make, draft=mode.cap, off=off,
                           predict=predict, progress=advance)
             results.append(res.to_dict())
     for r in results:

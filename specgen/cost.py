@@ -4,7 +4,8 @@
 - `cost_function`: cost(k) for k drafted tokens (k + 1 positions), interpolated;
 - `queue_after`: after how many silent drafter steps plain steps are queued ahead, given what
   queuing ahead saves on this machine (the overlap);
-- `drafting_cost`: the cost the drafter weighs drafts with under that policy and rollback.
+- `drafting_cost`: the cost the drafter weighs drafts with under that policy and rollback;
+- `unprofitable`: whether drafting cannot pay at all on this curve (then speculation is off).
 
 calibrate.py measures the curve and the overlap; this module decides what they mean.
 """
@@ -19,6 +20,9 @@ from .length import CostFn
 # Queuing plain steps ahead: after how many silent drafter steps, by what it saves (the overlap).
 # (overlap above which, silent steps), first match wins; see docs/design.md for the replays.
 QUEUE_AFTER = ((0.15, 1), (0.04, 2))
+# Where verifying one drafted token costs this share of a plain step or more, drafts lose on real
+# outputs (docs/design.md): speculation is turned off and decoding is mlx-lm's.
+STEEP = 0.5
 
 
 @dataclass(frozen=True)
@@ -88,3 +92,12 @@ def drafting_cost(cost: CostFn, overlap: float, ahead: int | None, refeed: bool 
         return cost(k) - (saved if k == 0 else 0.0) + (cost(k) - cost(0) if refeed else 0.0)
 
     return weighed
+
+
+def unprofitable(curve: Curve) -> str | None:
+    """Why speculation cannot pay on this curve (a drafted token costs STEEP of a step or more),
+    or None where it can."""
+    extra = cost_function(curve.relative)(1) - 1.0
+    if extra < STEEP:
+        return None
+    return f"verifying a drafted token costs {extra:.0%} of a plain step on this machine, too much to pay"

@@ -36,9 +36,10 @@ def generate(
     prompt_cache: list | None = None,
     selector: Selector = GREEDY,
     queue_after: int | None = None,
+    off: str | None = None,
 ) -> Iterator[Prefilled | Step]:
     """Generate from `prompt` (token ids), speculating with `drafter` (up to `draft` tokens a
-    step; 0: plain decoding) where the cache allows it.
+    step; 0: plain decoding); `off` says why not to speculate at all (e.g. cost.unprofitable).
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
     yielded step the cache holds every prompt and emitted token except the last emitted one
@@ -57,7 +58,10 @@ def generate(
         )
     cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
     rollback = Rollback(cache)
-    speculation = Speculation(False, "draft length is 0") if draft == 0 else Speculation(True, rollback=rollback.how)
+    if off or draft == 0:
+        speculation = Speculation(False, off or "draft length is 0")
+    else:
+        speculation = Speculation(True, rollback=rollback.how)
     drafter = drafter if drafter is not None else NGramPredictor()
     history = list(prompt)  # prompt + emitted tokens; its last token is not in the cache yet
 

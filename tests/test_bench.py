@@ -34,11 +34,14 @@ def test_prompt_files_lines_or_jsonl(tmp_path):
 
 def test_bench_json_on_the_demo_model(tmp_path):
     prompts = tmp_path / "p.txt"
-    prompts.write_text("Once upon a time\nThe little dog was sad because\n")
+    # The last prompt does not fit the demo's 512-token context: left out, and said so.
+    prompts.write_text("Once upon a time\nThe little dog was sad because\n" + "dog " * 600 + "\n")
     r = runner.invoke(app, ["bench", "--prompts", str(prompts), "-n", "24", "--repeats", "2", "--json"],
                       env={"SPECGEN_CACHE_DIR": str(tmp_path), "SPECGEN_MODEL": "demo"})
     assert r.exit_code == 0, r.output
+    assert "custom: 1 prompt(s) longer than the model's context (512 tokens) left out" in r.stderr
     (row,) = json.loads(r.stdout)
+    assert row["prompts"] == 2
     for key in ["set", "baseline_tps", "specgen_tps", "speedup_median", "speedup_min",
                 "speedup_max", "tokens_per_step", "acceptance_rate", "identical"]:
         assert key in row

@@ -3,7 +3,14 @@
 import pytest
 
 from specgen.calibrate import load_or_measure
-from specgen.cost import Curve, cost_function, drafting_cost, queue_after, relative
+from specgen.cost import (
+    Curve,
+    cost_function,
+    drafting_cost,
+    queue_after,
+    relative,
+    unprofitable,
+)
 from specgen.drafter import AdaptiveDrafter
 from specgen.length import linear_cost
 from specgen.report import describe_curve
@@ -75,3 +82,9 @@ def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path
     assert not load_or_measure(stories.model, "m", sample).fresh
     (tmp_path / "calibration.json").write_text("{broken")
     assert load_or_measure(stories.model, "m", sample).fresh  # a damaged cache is measured over
+
+
+def test_speculation_is_off_where_a_drafted_token_costs_half_a_step_or_more():
+    assert unprofitable(Curve({1: 1.0, 2: 1.11, 4: 1.28})) is None  # float32 SmolLM2, OpenBLAS
+    reason = unprofitable(Curve({1: 1.0, 2: 1.75}))  # 4-bit SmolLM2 on this CPU
+    assert reason is not None and "75% of a plain step" in reason

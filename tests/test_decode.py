@@ -149,3 +149,9 @@ def test_a_step_queued_ahead_drafts_nothing_exactly_after_silence():
         shapes[ahead] = [(s.drafted, len(s.tokens)) for s in steps]
     assert shapes[None] == [(0, 1), (0, 1), (0, 1), (3, 4), (1, 2)]
     assert shapes[1] == [(0, 1), (0, 1), (0, 1), (0, 1), (3, 4), (0, 1)]
+
+
+def test_speculation_turned_off_for_a_reason_says_it_and_decodes_plainly():
+    tokens, steps, pre = run(ScriptedModel(CYCLE), [1, 2, 3, 4] * 2, max_tokens=8, off="too steep")
+    assert str(pre.speculation) == "off: too steep" and tokens == [1, 2, 3, 4] * 2
+    assert all(s.drafted == 0 for s in steps)
