@@ -143,9 +143,12 @@ class SetResult:
         }
 
 
-def mlx_lm_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset) -> Timed:
-    """Plain greedy decoding through mlx-lm, stopping where specgen stops; timed after its first
-    token."""
+def mlx_lm_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset,
+                  context_length: int | None = None) -> Timed:
+    """Plain greedy decoding through mlx-lm, stopping where specgen stops (a stop token, max_tokens,
+    or the model's context, which mlx-lm itself would run past); timed after its first token."""
+    if context_length is not None:
+        max_tokens = min(max_tokens, context_length - len(prompt))
     out, start = [], None
     for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
         if start is None:
@@ -179,7 +182,7 @@ def run_set(name: str, model, prompts: list[list[int]], *, max_tokens: int, repe
     `predict(prompt, output)` replays an output (see `replayer`); `progress()` is called after
     each prompt of each round."""
     res = SetResult(name, len(prompts))
-    base = lambda p: mlx_lm_tokens(model, p, max_tokens, stop)
+    base = lambda p: mlx_lm_tokens(model, p, max_tokens, stop, context_length)
     spec = lambda p: specgen_tokens(model, p, max_tokens, stop, make, draft, context_length, queue_after, off)
     base(prompts[0][:]), spec(prompts[0])  # warm-up
 

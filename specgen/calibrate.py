@@ -35,7 +35,10 @@ from .rollback import Rollback
 from .store import CACHE_ENV, cache_dir, locked, write_atomic
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that may be timed
-CONTEXT = 32  # tokens in the cache while timing (a short prompt; priming a slow model costs)
+CONTEXT = 32  # tokens in the cache while timing, at least (a short prompt; priming a slow model costs)
+LONG_CONTEXT = 384  # ...and as many as this where priming them takes at most PRIME_S
+PRIME_S = 1.0  # (attention over a long context makes small models' wide passes dearer)
+VERSION = 2  # of how curves are measured: curves measured otherwise are measured again
 BUDGET_S = 2.0  # about how long measuring the curve may take (warm-up included)
 ROUNDS = (3, 100)  # fewest and most rounds of all sizes
 CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider ones are not timed
@@ -55,17 +58,24 @@ def machine_id() -> str:
     """What the curve depends on besides the model: this machine, its MLX device and version, and
     (on the CPU) the BLAS, which changes the curve's shape."""
     return (f"{platform.node()}|{platform.machine()}|{mx.default_device()}|mlx {mx.__version__}"
-            f"|{blas()}")
+            f"|{blas()}|v{VERSION}")
 
 
-def _primed_cache(model, tokens: list[int]) -> tuple[list, Rollback]:
-    """A cache holding the first CONTEXT of `tokens` (a short prompt's worth), evaluated, and
-    what takes it back there after each timed pass (any cache type)."""
+def _primed_cache(model, tokens: list[int], fixed: bool = False) -> tuple[list, Rollback]:
+    """A cache holding the first CONTEXT of `tokens`, or LONG_CONTEXT where the first CONTEXT took
+    so little that the rest fits in PRIME_S (always CONTEXT when `fixed`: ranks must agree),
+    evaluated, and what takes it back there after each timed pass (any cache type); its
+    `cached` is where the timed tokens start."""
     cache = make_prompt_cache(model)
+    back = Rollback(cache)
+    t = time.perf_counter()
     model(mx.array([tokens[:CONTEXT]], mx.uint32), cache=cache)
     mx.eval([c.state for c in cache])
-    back = Rollback(cache)
     back.fed(CONTEXT)
+    if not fixed and (time.perf_counter() - t) / CONTEXT * (LONG_CONTEXT - CONTEXT) <= PRIME_S:
+        model(mx.array([tokens[CONTEXT:LONG_CONTEXT]], mx.uint32), cache=cache)
+        mx.eval([c.state for c in cache])
+        back.fed(LONG_CONTEXT - CONTEXT)
     back.mark()
     return cache, back
 
@@ -84,17 +94,18 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S,
     no decision taken on a time (ranks of an mlx.launch group run the same passes in lockstep)."""
     if fixed:
         sizes = tuple(k for k in sizes if k <= 16)
-    tokens = (sample * (CONTEXT + max(sizes)))[: CONTEXT + max(sizes)]
-    cache, back = _primed_cache(model, tokens)
+    tokens = (sample * (LONG_CONTEXT + max(sizes)))[: LONG_CONTEXT + max(sizes)]
+    cache, back = _primed_cache(model, tokens, fixed)
+    at = back.cached
     start = time.perf_counter()
 
     def step(k):
-        x = mx.array([tokens[CONTEXT : CONTEXT + k]], mx.uint32)
+        x = mx.array([tokens[at : at + k]], mx.uint32)
         t = time.perf_counter()
         mx.argmax(model(x, cache=cache)[0], axis=-1).tolist()
         dt = time.perf_counter() - t
         back.fed(k)
-        back.rewind_to(CONTEXT)
+        back.rewind_to(at)
         return dt
 
     step(sizes[0])  # the first calls compile kernels and allocate
@@ -130,7 +141,8 @@ def measure_overlap(model, sample: list[int], one_s: float) -> float:
     the next graph is a negligible share of it (then it is not timed)."""
     if one_s > OVERLAP_SLOW_S:
         return 0.0
-    cache, back = _primed_cache(model, sample * CONTEXT)
+    cache, back = _primed_cache(model, sample * LONG_CONTEXT)
+    at = back.cached
 
     def steps(queue_ahead: bool) -> float:
         y = mx.array([sample[0]], mx.uint32)
@@ -146,7 +158,7 @@ def measure_overlap(model, sample: list[int], one_s: float) -> float:
         y.item()
         dt = time.perf_counter() - t
         back.fed(OVERLAP_STEPS + 1)
-        back.rewind_to(CONTEXT)
+        back.rewind_to(at)
         return dt
 
     per_round = steps(True) + steps(False)  # warm-up, and how long a round takes
