@@ -29,7 +29,7 @@ def test_its_stop_token_ends_a_turn(smollm2):
     assert smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>") in smollm2.stop_ids
 
 
-@pytest.mark.parametrize("prompt,n", [(EDIT, 40), (QUESTION, 16)], ids=["edit", "question"])
+@pytest.mark.parametrize("prompt,n", [(EDIT, 32), (QUESTION, 12)], ids=["edit", "question"])
 def test_greedy_with_speculation_is_mlx_lm_greedy(smollm2, prompt, n):
     ids = encode_prompt(smollm2.tokenizer, prompt, chat=True)
     tokens, steps, pre = run(smollm2.model, ids, drafter=make_drafter(None), draft=8, max_tokens=n,
@@ -45,7 +45,7 @@ def test_seeded_sampling_is_the_same_text_with_speculation_on_and_off(smollm2):
     ids = encode_prompt(smollm2.tokenizer, EDIT, chat=True)
     outputs = {}
     for draft in (0, 8):
-        tokens, steps, _ = run(smollm2.model, ids, drafter=make_drafter(None), draft=draft, max_tokens=24,
+        tokens, steps, _ = run(smollm2.model, ids, drafter=make_drafter(None), draft=draft, max_tokens=16,
                                stop_tokens=smollm2.stop_ids, selector=make_selector(0.5, seed=1))
         outputs[draft] = (tokens, sum(s.accepted for s in steps))
     assert outputs[0][0] == outputs[8][0] and outputs[8][1] > 0
