@@ -18,7 +18,6 @@ from .clikit import (
     Notices,
     cli_errors,
     costs,
-    fail,
     launch_group,
     load,
     read_memory,
@@ -85,14 +84,12 @@ def run(
     from .sampling import make_selector
     from .stats import RunStats
 
-    group = launch_group(prompt, file)  # under mlx.launch: every rank runs this, rank 0 speaks
+    group = launch_group(prompt, file, memory)  # under mlx.launch: every rank runs this, rank 0 speaks
     say = Notices(quiet)
     say.settings(check(max_tokens=max_tokens, draft=draft, ngram_order=ngram_order, window=window,
                        temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, dtype=dtype))
     if memory and draft is not None:
         say.warn("--memory drafts only with the adaptive drafter (no --draft); this run just adds its output to it")
-    if memory and group is not None:
-        fail("--memory is not supported under mlx.launch yet (each machine would draft from its own memory)")
     if temp > 0 and seed is None:  # every rank must sample with rank 0's seed
         seed = shared_ints(group, lambda: [secrets.randbits(32)])[0]
     selector = make_selector(temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
@@ -109,13 +106,11 @@ def run(
                      found.curve if found else None)
     stats = RunStats(model=loaded.spec.name, draft_mode=str(mode), temp=temp,
                      seed=getattr(selector, "seed", None), ranks=group.size if group else 1,
-                     sharding=loaded.sharding or "none")
+                     sharding=loaded.sharding)
     events = generate(loaded.model, ids, drafter=drafter, draft=mode.cap, max_tokens=max_tokens,
                       stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
                       selector=selector, queue_after=found.queue_after if found else None,
                       off=found.off if found else None)
-    if found and found.off:
-        say(f"speculation off: {found.off}; decoding plainly")
 
     interrupted = False
     out_ids: list[int] = []

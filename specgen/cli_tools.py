@@ -97,13 +97,11 @@ def bench(
     from .prompts import encode_prompt
     from .report import DraftMode, bench_table
 
-    group = launch_group(None, None)  # under mlx.launch: every rank runs this, rank 0 speaks
+    group = launch_group(None, None, memory)  # under mlx.launch: every rank runs this, rank 0 speaks
     say = Notices(quiet, "specgen bench")
     check(max_tokens=max_tokens, draft=draft, repeats=repeats, dtype=dtype)
     if memory and draft is not None:
         fail("--memory drafts only with the adaptive drafter: leave out --draft")
-    if memory and group is not None:
-        fail("--memory is not supported under mlx.launch yet (each machine would draft from its own memory)")
     sets = read_prompt_file(prompts) if prompts else None  # under mlx.launch, on every machine
     loaded = load(model, dtype, say, group)
     chat = loaded.spec.chat_template and not raw and getattr(loaded.tokenizer, "has_chat_template", False)
@@ -119,8 +117,6 @@ def bench(
         return make_drafter(draft, cost=found.drafting if found else None, memory=mem.reader() if mem else None)
 
     off = found.off if found else None
-    if off:
-        say(f"speculation off: {off}; specgen decodes plainly")
     predict = (replayer(make, 0 if off else mode.cap, max_tokens, found.step,
                         0 if off else found.queue_after, found.curve.overlap) if found else None)
     encoded = {}
@@ -147,7 +143,7 @@ def bench(
             say(f"{r['set']}: prompt {d['prompt']} diverges from mlx-lm at token {d['at_token']}")
     if json_out:
         sys.stdout.write(json.dumps([{"model": loaded.spec.name, "draft_mode": str(mode), "blas": blas(),
-                                      "ranks": group.size if group else 1, "sharding": loaded.sharding or "none", **r}
+                                      "ranks": group.size if group else 1, "sharding": loaded.sharding, **r}
                                      for r in results], indent=1) + "\n")
         return
     bench_table(results, model=loaded.spec.name, draft_mode=str(mode), blas=blas())

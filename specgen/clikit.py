@@ -23,7 +23,7 @@ FLAGS = {"max_tokens": "--max-tokens", "draft": "--draft", "ngram_order": "--ngr
          "window": "--window", "temp": "--temp", "top_p": "--top-p", "top_k": "--top-k",
          "min_p": "--min-p", "seed": "--seed", "beta": "--beta", "overlap": "--overlap",
          "queue_after": "--pipeline-after", "repeats": "--repeats", "system": "--system",
-         "dtype": "--dtype", "prompt": "the prompt"}
+         "dtype": "--dtype", "prompt": "the prompt", "memory": "--memory"}
 DTYPE_HELP = "Convert (and dequantize) the weights to this dtype: float32, float16 or bfloat16."
 
 
@@ -132,6 +132,8 @@ def costs(loaded, recalibrate: bool, say: Notices, world=None):
                             "(once per model; a few seconds) ..."))
     if found.warning:
         say.warn(found.warning)
+    if found.off:
+        say(f"speculation off: {found.off}; decoding plainly")
     return found
 
 
@@ -156,9 +158,9 @@ def save_memory(mem, path, out_ids, say: Notices) -> None:
         say.warn(warning)
 
 
-def launch_group(prompt: str | None, file: str | None):
+def launch_group(prompt: str | None, file: str | None, memory: bool):
     """The mlx.launch group this process runs in (None when not launched, or alone); ranks other
-    than 0 print nothing (rank 0 speaks for the group)."""
+    than 0 print nothing (rank 0 speaks for the group). What cannot be used under it fails here."""
     from .distributed import world
 
     w = world()
@@ -167,6 +169,9 @@ def launch_group(prompt: str | None, file: str | None):
     if w is not None and "-" in (prompt, file):
         raise SettingError("prompt", "cannot come from standard input under mlx.launch, which does not "
                            "pass it on: give it as an argument or with -f FILE")
+    if w is not None and memory:
+        raise SettingError("memory", "is not supported under mlx.launch yet (each machine would draft "
+                           "from its own memory)")
     return w
 
 

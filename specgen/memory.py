@@ -28,9 +28,9 @@ class NGramMemory:
     long copies, and how well drafts from both have fared (carried over between requests)."""
 
     def __init__(self, model_key: str = "", max_order: int = defaults.MAX_ORDER,
-                 max_contexts: int = MAX_CONTEXTS, params: DrafterParams = PARAMS):
+                 max_contexts: int = MAX_CONTEXTS, params: DrafterParams = PARAMS, label: str = ""):
         self.model_key = model_key
-        self.label = ""  # where the model is used from (a folder), for people (see memory_file)
+        self.label = label  # where the model is used from (a folder), for people (see memory_file)
         self.max_contexts = max_contexts
         self.params = params
         self.tables = NGramPredictor(max_order=max_order, window=max_order)  # fed one output at a time

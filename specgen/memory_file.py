@@ -60,8 +60,7 @@ def read(path: Path, model_key: str, label: str = "", **kw) -> NGramMemory:
     with open(path, "rb") as f:
         if f.read(4) != b"PK\x03\x04":
             raise ValueError("not a specgen memory file")
-    mem = NGramMemory(model_key, **kw)
-    mem.label = label
+    mem = NGramMemory(model_key, label=label, **kw)
     with np.load(path, allow_pickle=False) as z:
         header = _header(z)
         if header.model != model_key:
@@ -79,14 +78,12 @@ def read(path: Path, model_key: str, label: str = "", **kw) -> NGramMemory:
 def load(path: Path, model_key: str, label: str = "", **kw) -> tuple[NGramMemory, str | None]:
     """The memory stored at `path` (empty if absent) and a warning if the file was unusable;
     `label` says where the model is used from (kept in the file for `specgen cache`)."""
-    empty = NGramMemory(model_key, **kw)
-    empty.label = label
     if not path.exists():
-        return empty, None
+        return NGramMemory(model_key, label=label, **kw), None
     try:
         return read(path, model_key, label, **kw), None
     except Exception as e:  # any damage at all: start empty rather than crash
-        return empty, f"ignoring memory file {path}: {e}"
+        return NGramMemory(model_key, label=label, **kw), f"ignoring memory file {path}: {e}"
 
 
 def _arrays(mem: NGramMemory) -> dict:

@@ -45,7 +45,7 @@ class LoadedModel:
     stop_ids: frozenset = field(default_factory=frozenset)
     key: str = ""  # what identifies the weights (model_key)
     warnings: list[str] = field(default_factory=list)  # things the user set that will not hold
-    sharding: str = ""  # how the model is split over an mlx.launch group ("" when it is not)
+    sharding: str = "none"  # how the model is split over an mlx.launch group
 
 
 def packaged_models_file() -> Path:
@@ -201,7 +201,7 @@ def load(spec: ModelSpec, *, dtype: str | None = None, world=None) -> LoadedMode
         if not (local / "config.json").is_file():
             raise ModelError(f"{source} is not a model folder (no config.json in it)")
         _read_config(local)
-    sharding = ""
+    sharding = "none"
     try:
         if world is not None:
             from .distributed import load_sharded

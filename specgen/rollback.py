@@ -63,6 +63,7 @@ class Rollback:
         self.cached = 0  # entries in the cache, tracked here so rewinds need no cache internals
         # Caches that are, or may become (a sliding window that wraps), impossible to trim.
         self.restorable = [c for c in cache if not c.is_trimmable() or getattr(c, "max_size", None)]
+        self._kv = [c for c in cache if not any(c is r for r in self.restorable)]  # always trimmable
         kinds = sorted({type(c).__name__ for c in self.restorable})
         self.how = f"restore ({', '.join(kinds)})" if kinds else "trim"
         self._mark: tuple[int, list] | None = None
@@ -81,16 +82,15 @@ class Rollback:
         the entries at the last mark (at most `n`; `cached` tells)."""
         if self.cached <= n:
             return
-        if all(c.is_trimmable() for c in self.cache):
+        if all(c.is_trimmable() for c in self.restorable):
             trim_prompt_cache(self.cache, self.cached - n)
             self.cached = n
             return
         if self._mark is None or self._mark[0] > n:
             raise RuntimeError("rollback past the last mark")  # a decode-loop bug, not user input
         at, states = self._mark
-        for c in self.cache:
-            if not any(c is r for r in self.restorable):
-                c.trim(self.cached - at)
+        for c in self._kv:
+            c.trim(self.cached - at)
         for saved in states:
             saved.restore()
         self.cached = at

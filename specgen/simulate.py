@@ -90,6 +90,7 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
     recorded) and not for the prompt (whose logits the loop never computes).
     """
     cost = cost or linear_cost(beta)
+    path = [*prompt, *output] if predicted is not None else None  # what recycled rows follow
     t = Tally(traces=1, plain_cost=len(output) * (1 - overlap))
     clock = time.perf_counter
     t0 = clock()
@@ -116,9 +117,8 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
         emitted = output[i : i + n + 1]
         verdict = Verdict.of(len(drafts), n, len(emitted)) if drafts else None
         t0 = clock()
-        if predicted is not None:
-            drafter.recycle([*prompt, *output][pos - 1 : pos - 1 + len(emitted)],
-                            predicted[pos - 1 : pos - 1 + len(emitted)])
+        if path is not None:
+            drafter.recycle(path[pos - 1 : pos - 1 + len(emitted)], predicted[pos - 1 : pos - 1 + len(emitted)])
         drafter.feed(emitted, verdict)
         spent += clock() - t0
         t.counts.add_step(len(emitted), len(drafts), n)
