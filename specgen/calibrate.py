@@ -80,8 +80,7 @@ def _primed_cache(model, tokens: list[int], fixed: bool = False) -> tuple[list, 
     return cache, back
 
 
-def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S,
-            fixed: bool = False) -> dict[int, float]:
+def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False) -> dict[int, float]:
     """Seconds of a forward pass (with argmax read-back, as a verify step does) per size.
 
     Sizes are timed in increasing order, each only if its warm-up and ROUNDS[0] rounds are
@@ -94,6 +93,7 @@ def measure(model, sample: list[int], sizes=SIZES, budget_s: float = BUDGET_S,
     no decision taken on a time (ranks of an mlx.launch group run the same passes in lockstep)."""
     if fixed:
         sizes = tuple(k for k in sizes if k <= 16)
+    budget_s = BUDGET_S
     tokens = (sample * (LONG_CONTEXT + max(sizes)))[: LONG_CONTEXT + max(sizes)]
     cache, back = _primed_cache(model, tokens, fixed)
     at = back.cached

@@ -122,3 +122,11 @@ class TableModel:
 def ScriptedModel(rule: dict[int, int], vocab: int = 16) -> TableModel:
     """A TableModel whose greedy choice after token t is `rule[t]`."""
     return TableModel([[float(rule.get(t) == j) for j in range(vocab)] for t in range(vocab)])
+
+
+@pytest.fixture
+def quick_calibration(monkeypatch):
+    """Calibration measuring for half a second, not BUDGET_S: for tests of what it does, not of the curve."""
+    from specgen import calibrate
+
+    monkeypatch.setattr(calibrate, "BUDGET_S", 0.5)

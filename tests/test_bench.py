@@ -9,6 +9,9 @@ from specgen.cli import app
 from specgen.drafter import make_drafter
 from specgen.errors import InputError
 
+# These test what the commands do around calibration, not the curve: measure briefly.
+pytestmark = pytest.mark.usefixtures("quick_calibration")
+
 runner = CliRunner()
 
 

@@ -13,6 +13,9 @@ from typer.testing import CliRunner
 from specgen import registry
 from specgen.cli import app
 
+# These test what the commands do around calibration, not the curve: measure briefly.
+pytestmark = pytest.mark.usefixtures("quick_calibration")
+
 runner = CliRunner()
 ONCE = "Once upon a time"
 

@@ -64,7 +64,7 @@ def test_where_a_rejection_is_refed_drafts_are_charged_twice_and_weak_ones_dropp
     assert len(drafters[0].draft(8)) > len(drafters[1].draft(8))
 
 
-def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path, monkeypatch):
+def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path, monkeypatch, quick_calibration):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
     sample = stories.tokenizer.encode("Once upon a time")
     said = []
