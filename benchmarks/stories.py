@@ -55,7 +55,7 @@ def main():
     loaded = registry.load(registry.resolve("demo", registry.load_registry()))
     model, tok = loaded.model, loaded.tokenizer
     print(f"# stories260K, {args.tokens} tokens, {args.repeats} repeats, BLAS: {blas()}")
-    costs = model_costs(model, loaded.key, tok)  # as `specgen run` decides it on this machine
+    costs = model_costs(model, loaded.calibration_key, tok)  # as `specgen run` decides it on this machine
     print(f"# {describe_curve(costs.curve)}")
     print(f"{'prompt':48} {'mlx-lm':>8} {'draft 0':>8} {'ratio':>6} {'spec':>8} {'speedup':>7} {'accept':>6} {'tok/step':>8}")
     contenders = {"mlx": lambda ids: mlx_lm_run(model, ids, args.tokens),

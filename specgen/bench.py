@@ -23,6 +23,7 @@ from mlx_lm.generate import generate_step
 from .decode import generate
 from .errors import InputError
 from .events import Step
+from .sampling import GREEDY, Selector
 from .simulate import Tally, replay
 from .stats import Counts
 from .timing import Timed, alternate, spread
@@ -144,13 +145,14 @@ class SetResult:
 
 
 def mlx_lm_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset,
-                  context_length: int | None = None) -> Timed:
-    """Plain greedy decoding through mlx-lm, stopping where specgen stops (a stop token, max_tokens,
-    or the model's context, which mlx-lm itself would run past); timed after its first token."""
+                  context_length: int | None = None, sampler=None) -> Timed:
+    """Plain decoding through mlx-lm (greedy, or with an mlx-lm `sampler`), stopping where specgen
+    stops (a stop token, max_tokens, or the model's context, which mlx-lm itself would run past);
+    timed after its first token."""
     if context_length is not None:
         max_tokens = min(max_tokens, context_length - len(prompt))
     out, start = [], None
-    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, sampler=sampler):
         if start is None:
             start = time.perf_counter()
         if tok in stop:
@@ -161,11 +163,12 @@ def mlx_lm_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset,
 
 def specgen_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset, make: Callable,
                    draft: int, context_length: int | None = None, queue_after: int | None = None,
-                   off: str | None = None) -> Timed:
+                   off: str | None = None, selector: Selector = GREEDY) -> Timed:
     """specgen's loop with a fresh drafter from `make()`, timed after prefill."""
     steps, start = [], None
     for e in generate(model, prompt, drafter=make(), draft=draft, max_tokens=max_tokens,
-                      stop_tokens=stop, context_length=context_length, queue_after=queue_after, off=off):
+                      stop_tokens=stop, context_length=context_length, queue_after=queue_after, off=off,
+                      selector=selector):
         if isinstance(e, Step):
             steps.append(e)
         else:

@@ -126,7 +126,7 @@ def costs(loaded, recalibrate: bool, say: Notices, world=None):
     measured."""
     from .calibrate import model_costs
 
-    found = model_costs(loaded.model, loaded.key, loaded.tokenizer, recalibrate=recalibrate, world=world,
+    found = model_costs(loaded.model, loaded.calibration_key, loaded.tokenizer, recalibrate=recalibrate, world=world,
                         before_measuring=lambda: say.progress(
                             f"measuring how fast {loaded.spec.name} verifies drafts on this machine "
                             "(once per model; a few seconds) ..."))

@@ -46,6 +46,13 @@ class LoadedModel:
     key: str = ""  # what identifies the weights (model_key)
     warnings: list[str] = field(default_factory=list)  # things the user set that will not hold
     sharding: str = "none"  # how the model is split over an mlx.launch group
+    dtype: str | None = None  # what the weights were converted to (--dtype), if anything
+
+    @property
+    def calibration_key(self) -> str:
+        """What its verify cost depends on besides the machine: the weights and their dtype (a
+        4-bit model dequantized to float32 runs other kernels at another speed)."""
+        return self.key + (f"|{self.dtype}" if self.dtype else "")
 
 
 def packaged_models_file() -> Path:
@@ -228,4 +235,4 @@ def load(spec: ModelSpec, *, dtype: str | None = None, world=None) -> LoadedMode
         else:
             stop_ids.add(found)
     return LoadedModel(spec, model, tokenizer, spec.context_length or _context_length(config),
-                       frozenset(stop_ids), model_key(spec), warnings, sharding)
+                       frozenset(stop_ids), model_key(spec), warnings, sharding, dtype)

@@ -184,3 +184,13 @@ def test_cache_lists_and_clears_one_model_or_all(tmp_path):
     r = invoke(["cache", "clear", "-m", "demo"], tmp_path)
     assert r.exit_code == 0 and "removed 1 memory file(s) and 1 calibration curve(s)" in r.stdout
     assert memories(tmp_path) == {}
+
+
+def test_a_model_converted_to_another_dtype_is_calibrated_apart(tmp_path):
+    # A 4-bit model dequantized to float32 runs other kernels: its curve must not be the 4-bit one.
+    assert invoke(["run", "-n", "4", ONCE], tmp_path).exit_code == 0
+    assert invoke(["run", "-n", "4", "--dtype", "float16", ONCE], tmp_path).exit_code == 0
+    keys = list(json.loads((tmp_path / "calibration.json").read_text()))
+    assert len(keys) == 2 and sum("|float16|" in k for k in keys) == 1
+    assert invoke(["cache", "clear", "-m", "demo"], tmp_path).exit_code == 0
+    assert json.loads((tmp_path / "calibration.json").read_text()) == {}
