@@ -15,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from .length import CostFn
+from .length import CostFn, Refeed
 
 # Queuing plain steps ahead: after how many silent drafter steps, by what it saves (the overlap).
 # (overlap above which, silent steps), first match wins; see docs/design.md for the replays.
@@ -83,15 +83,10 @@ def drafting_cost(cost: CostFn, overlap: float, ahead: int | None, refeed: bool 
     (`ahead`, the loop's queue_after, is 1), drafting nothing also saves `overlap` of the next
     step, so it costs that much less. Where a rejected draft is undone by restoring the cache
     (`refeed`, rollback.py), the tokens accepted before the rejection are fed again with the
-    next pass: a draft is charged its verify cost twice, the most that can add."""
+    next pass: length.Refeed charges that by its chance."""
     saved = overlap if ahead == 1 else 0.0
-    if not saved and not refeed:
-        return cost
-
-    def weighed(k: int) -> float:
-        return cost(k) - (saved if k == 0 else 0.0) + (cost(k) - cost(0) if refeed else 0.0)
-
-    return weighed
+    weighed = cost if not saved else (lambda k: cost(k) - (saved if k == 0 else 0.0))
+    return Refeed(weighed, cost) if refeed else weighed
 
 
 def unprofitable(curve: Curve) -> str | None:

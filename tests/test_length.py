@@ -57,3 +57,24 @@ def test_stopping_early_never_changes_the_choice(curve):
         unbounded.slope = [0.0] * 65
         assert (choose_length(iter(qs), table, 64, 0.05)
                 == choose_length(iter(qs), unbounded, 64, 0.05))
+
+
+def test_re_fed_tokens_are_charged_by_the_chance_of_a_rejection():
+    from specgen.length import Refeed
+
+    step = linear_cost(0.2)
+
+    def expected(qs, k):  # tokens per unit of cost, a rejection at i re-feeding i positions
+        p, gain, extra = 1.0, 0.0, 0.0
+        for i, q in enumerate(qs[:k], 1):
+            extra += p * (1 - q) * (step(i) - step(0))
+            p *= q
+            gain += p
+        return (1 + gain) / (step(k) + extra)
+
+    for qs in ([0.6] * 12, [0.9] * 12, [0.95, 0.9, 0.5, 0.99, 0.99, 0.99]):
+        best = max(range(len(qs) + 1), key=lambda k: expected(qs, k))
+        assert chosen(qs, Refeed(step, step))[0] == best
+    # Sure drafts are never rejected: nothing is re-fed, and they are as long as on a trimmed cache.
+    assert chosen([1.0] * 64, Refeed(step, step))[0] == chosen([1.0] * 64, step)[0] == 64
+    assert chosen([0.6] * 12, Refeed(step, step))[0] < chosen([0.6] * 12, step)[0]
