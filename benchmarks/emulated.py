@@ -85,8 +85,10 @@ def build_model(arch="llama", window=512, seed=0):
             partial_rotary_factor=0.25, max_position_embeddings=8192, head_dim=64,
             full_attention_interval=2, **shared)
     else:
+        # window 0: the same model with every layer global (KV caches): the target without a window
         module, args = gemma3_text, dict(model_type="gemma3_text", num_key_value_heads=4, head_dim=64,
-                                         sliding_window=window, sliding_window_pattern=6, **shared)
+                                         sliding_window=window or 512, sliding_window_pattern=6 if window else 1,
+                                         **shared)
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(args))
     mx.eval(model.parameters())
@@ -110,7 +112,8 @@ def pick_traces(rows, enc, count, max_prompt, max_tokens):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", choices=["llama", "qwen3_next", "gemma3"], default="llama")
-    ap.add_argument("--window", type=int, default=512, help="gemma3's sliding window")
+    ap.add_argument("--window", type=int, default=512,
+                    help="gemma3's sliding window; 0: none (every layer global, KV caches)")
     ap.add_argument("--traces", type=int, default=5, help="traces per file")
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="cut each output to its first N tokens (default: whole outputs)")
@@ -136,7 +139,7 @@ def main():
     cost = cost_function(curve.relative)
     how = Rollback(make_prompt_cache(model)).how
     drafting = drafting_cost(cost, 0.0, None, refeed=how != "trim")  # as calibrate.model_costs
-    shape = args.arch + (f", window {args.window}" if args.arch == "gemma3" else "")
+    shape = args.arch + (f", window {args.window or 'none'}" if args.arch == "gemma3" else "")
     ranks = f", {group.size} ranks (tensor-parallel, ring)" if group else ""
     print(f"# {params / 1e6:.1f}M-parameter {shape} (float32){ranks}, rollback: {how}, BLAS: {blas()}")
     print(f"# one position {seconds[1] * 1e3:.1f} ms; {describe_curve(curve)}; cost(4 drafts) = {cost(4):.2f}")
