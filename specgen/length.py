@@ -40,7 +40,7 @@ class CostTable:
 
     def __init__(self, cost: CostFn, longest: int):
         self.cost = [cost(k) for k in range(longest + 1)]
-        step = cost.step if isinstance(cost, Refeed) else None  # what re-feeding i positions adds:
+        step = cost.step if isinstance(cost, Refeed) else None  # prices re-fed positions, if any
         self.refeed = [step(i) - step(0) if step else 0.0 for i in range(longest + 1)]
         self.slope = [min(((self.cost[j] - self.cost[k]) / (j - k) for j in range(k + 1, longest + 1)),
                           default=float("inf")) for k in range(longest + 1)]
