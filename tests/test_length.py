@@ -2,7 +2,7 @@
 
 import pytest
 
-from specgen.length import CostTable, choose_length, linear_cost
+from specgen.length import CostTable, Refeed, choose_length, linear_cost
 
 
 def chosen(qs, cost, room=64, min_p=0.0):
@@ -60,8 +60,6 @@ def test_stopping_early_never_changes_the_choice(curve):
 
 
 def test_re_fed_tokens_are_charged_by_the_chance_of_a_rejection():
-    from specgen.length import Refeed
-
     step = linear_cost(0.2)
 
     def expected(qs, k):  # tokens per unit of cost, a rejection at i re-feeding i positions
