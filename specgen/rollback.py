@@ -1,8 +1,10 @@
 """Undoing the cache entries of rejected draft tokens, on every cache type mlx-lm has.
 
-KV caches are trimmed back past them (cheap, and what plain KV models always get). Caches that
-cannot be trimmed (the state caches of linear-attention and state-space layers, and a sliding-
-window cache once it wraps) are restored instead: before a pass that may be undone, `mark` keeps
+KV caches are trimmed back past them (cheap, and what plain KV models always get). So are sliding-
+window caches past their wrap after a multi-token pass, which leaves their entries in time order
+behind a whole window (`_cuttable`). Caches that cannot be trimmed (the state caches of linear-
+attention and state-space layers; a wrapped window after a one-token pass) are restored
+instead: before a pass that may be undone, `mark` keeps
 each such cache's state by reference (MLX arrays are values: a reference is a snapshot, and no
 data is copied unless the cache later updates a buffer in place), and `rewind_to` puts every layer
 back at that mark. The tokens accepted since the mark are then missing from the cache:
@@ -15,7 +17,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache
 
 
 class _Saved:
@@ -55,6 +57,23 @@ def _restored(value):
     return value
 
 
+def _cuttable(c, n: int) -> bool:
+    """Whether a wrapped sliding-window cache can drop its newest `n` entries by slicing: after a
+    multi-token pass, mlx-lm's RotatingKVCache holds its entries in time order (its write index at
+    the end), the window before the pass (max_size - 1 entries) and then the pass's own. Cutting
+    the rejected ones off leaves a whole window, or all the history, which its next update reads
+    exactly as it reads its own buffers; after a one-token pass the oldest entry is overwritten."""
+    keys = getattr(c, "keys", None)
+    return (type(c) is RotatingKVCache and keys is not None and c._idx == keys.shape[2]
+            and (keys.shape[2] - n >= c.max_size or keys.shape[2] == c.offset))
+
+
+def _cut(c, n: int) -> None:
+    c.keys, c.values = c.keys[..., : c._idx - n, :], c.values[..., : c._idx - n, :]
+    c.offset -= n
+    c._idx -= n
+
+
 class Rollback:
     """Tracks how many entries the cache holds, and takes it back to fewer on request."""
 
@@ -64,7 +83,8 @@ class Rollback:
         # Caches that are, or may become (a sliding window that wraps), impossible to trim.
         self.restorable = [c for c in cache if not c.is_trimmable() or getattr(c, "max_size", None)]
         self._kv = [c for c in cache if not any(c is r for r in self.restorable)]  # always trimmable
-        kinds = sorted({type(c).__name__ for c in self.restorable})
+        # A rejected draft always follows a multi-token pass, so windows of this type are cut.
+        kinds = sorted({type(c).__name__ for c in self.restorable if type(c) is not RotatingKVCache})
         self.how = f"restore ({', '.join(kinds)})" if kinds else "trim"
         self._mark: tuple[int, list] | None = None
 
@@ -82,8 +102,13 @@ class Rollback:
         the entries at the last mark (at most `n`; `cached` tells)."""
         if self.cached <= n:
             return
-        if all(c.is_trimmable() for c in self.restorable):
-            trim_prompt_cache(self.cache, self.cached - n)
+        drop = self.cached - n
+        if all(c.is_trimmable() or _cuttable(c, drop) for c in self.restorable):
+            for c in self.cache:
+                if c.is_trimmable():
+                    c.trim(drop)
+                else:
+                    _cut(c, drop)
             self.cached = n
             return
         if self._mark is None or self._mark[0] > n:
