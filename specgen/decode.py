@@ -58,6 +58,7 @@ def generate(
         )
     cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
     rollback = Rollback(cache)
+    off = off or rollback.unsupported
     if off or draft == 0:
         speculation = Speculation(False, off or "draft length is 0")
     else:

@@ -86,6 +86,11 @@ class Rollback:
         # A rejected draft always follows a multi-token pass, so windows of this type are cut.
         kinds = sorted({type(c).__name__ for c in self.restorable if type(c) is not RotatingKVCache})
         self.how = f"restore ({', '.join(kinds)})" if kinds else "trim"
+        # mlx-lm's max_kv_size caches keep their first tokens, which its multi-token passes mask
+        # out of some rows (one-token steps never do): no verify pass could match plain decoding.
+        self.unsupported = ("a rotating cache that keeps its first tokens (max_kv_size) attends "
+                            "differently in multi-token passes"
+                            if any(getattr(c, "keep", 0) for c in self.restorable) else None)
         self._mark: tuple[int, list] | None = None
 
     def mark(self) -> None:

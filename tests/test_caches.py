@@ -7,6 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import plain_tokens, run, tiny_model
+from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from specgen.drafter import make_drafter
@@ -97,3 +98,24 @@ def test_seeded_sampling_is_the_same_with_speculation_on_and_off(arch):
         if draft:
             assert sum(s.accepted for s in steps) > 20
     assert out[0] == out[8]
+
+
+@pytest.mark.parametrize("keep", [0, 4])
+def test_a_rotating_cache_the_caller_passes(keep):
+    # Models' windows keep nothing; mlx-lm's `max_kv_size` caches keep the first 4 tokens too,
+    # which its multi-token passes mask out of some rows: speculation is off there, never wrong.
+    model = Steered(tiny_model("llama"), 2.5)
+    ours, plain, reference = ([RotatingKVCache(24, keep=keep) for _ in model.layers] for _ in range(3))
+    tokens, steps, pre = run(model, PROMPT, drafter=make_drafter(None), draft=8, max_tokens=120,
+                             prompt_cache=ours)
+    assert tokens == [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=120,
+                                                  prompt_cache=reference)]
+    if keep:
+        assert not pre.speculation.on and "max_kv_size" in str(pre.speculation)
+    else:
+        assert str(pre.speculation) == "on: trim"
+        assert sum(s.accepted for s in steps) > 50 and sum(s.drafted > s.accepted for s in steps) > 0
+    for t in PROMPT + tokens[:-1]:
+        model(mx.array([[t]]), cache=plain)
+    for a, b in zip(arrays(ours), arrays(plain), strict=True):
+        assert np.allclose(a, b, atol=1e-4)
