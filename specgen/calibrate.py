@@ -300,7 +300,7 @@ def model_costs(model, key: str, tokenizer, *, recalibrate: bool = False,
     curve, fresh, warning = load_or_measure(model, key, sample, recalibrate=recalibrate,
                                             before_measuring=before_measuring, world=world)
     step = cost_function(curve.relative)
-    ahead = queue_after(curve.overlap)
+    ahead = queue_after(curve)
     refeed = Rollback(make_prompt_cache(model)).how != "trim"
     return Costs(drafting_cost(step, curve.overlap, ahead, refeed), step, curve, ahead,
                  unprofitable(curve), fresh, warning)

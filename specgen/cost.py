@@ -20,6 +20,9 @@ from .length import CostFn, Refeed
 # Queuing plain steps ahead: after how many silent drafter steps, by what it saves (the overlap).
 # (overlap above which, silent steps), first match wins; see docs/design.md for the replays.
 QUEUE_AFTER = ((0.15, 1), (0.04, 2))
+# ...but after one wherever it pays at all and a drafted token costs this share of a step or more:
+# there an empty draft, weighed as saving the overlap, beats a weak guess (docs/design.md).
+QUEUE_SOON_SLOPE = 0.25
 # Where verifying one drafted token costs this share of a plain step or more, drafts lose on real
 # outputs (docs/design.md): speculation is turned off and decoding is mlx-lm's.
 STEEP = 0.5
@@ -72,10 +75,12 @@ def cost_function(curve: dict[int, float]) -> CostFn:
     return cost
 
 
-def queue_after(overlap: float) -> int | None:
-    """The loop's queue_after for a measured overlap: queue ahead only where it pays, and sooner
-    where it saves more (see QUEUE_AFTER)."""
-    return next((n for above, n in QUEUE_AFTER if overlap > above), None)
+def queue_after(curve: Curve) -> int | None:
+    """The loop's queue_after for a measured curve: queue ahead only where it pays, and sooner
+    where it saves more (QUEUE_AFTER) or where drafts are dear (QUEUE_SOON_SLOPE)."""
+    after = next((n for above, n in QUEUE_AFTER if curve.overlap > above), None)
+    steep = cost_function(curve.relative)(1) - 1.0 >= QUEUE_SOON_SLOPE
+    return 1 if after and steep else after
 
 
 def drafting_cost(cost: CostFn, overlap: float, ahead: int | None, refeed: bool = False) -> CostFn:

@@ -45,7 +45,7 @@ def describe_curve(curve: Curve) -> str:
     ks = [k for k in sorted(curve.relative) if k <= 16]
     text = ("cost x" + "/".join(f"{curve.relative[k]:.2f}" for k in ks) + " at "
             + "/".join(map(str, ks)) + " positions")
-    ahead = queue_after(curve.overlap)
+    ahead = queue_after(curve)
     if ahead is not None:
         text += f"; {queued_ahead(ahead)} (saves {curve.overlap:.0%})"
     return text
