@@ -182,7 +182,9 @@ def _save_tiny(arch, folder):
 @pytest.mark.parametrize("arch", ["mamba", "qwen3_next"])
 def test_a_model_with_state_caches_speculates_by_restoring_them(tmp_path, arch):
     _save_tiny(arch, tmp_path / arch)
-    spec = invoke(["run", "-m", str(tmp_path / arch), "-n", "30", "--json", ONCE])
+    # A fixed draft length: the auto drafter's curve of a tiny model on a busy CI machine may be
+    # steep enough to turn speculation off, and this test is about the rollback, not the curve.
+    spec = invoke(["run", "-m", str(tmp_path / arch), "-n", "30", "--json", "--draft", "4", ONCE])
     assert spec.exit_code == 0, spec.output
     plain = invoke(["run", "-m", str(tmp_path / arch), "-n", "30", "--json", "--draft", "0", ONCE])
     assert json.loads(spec.stdout)["text"] == json.loads(plain.stdout)["text"]
