@@ -75,12 +75,16 @@ def cost_function(curve: dict[int, float]) -> CostFn:
     return cost
 
 
+def token_cost(curve: Curve) -> float:
+    """What verifying one drafted token adds to a plain step, as a share of it."""
+    return cost_function(curve.relative)(1) - 1.0
+
+
 def queue_after(curve: Curve) -> int | None:
     """The loop's queue_after for a measured curve: queue ahead only where it pays, and sooner
     where it saves more (QUEUE_AFTER) or where drafts are dear (QUEUE_SOON_SLOPE)."""
     after = next((n for above, n in QUEUE_AFTER if curve.overlap > above), None)
-    steep = cost_function(curve.relative)(1) - 1.0 >= QUEUE_SOON_SLOPE
-    return 1 if after and steep else after
+    return 1 if after and token_cost(curve) >= QUEUE_SOON_SLOPE else after
 
 
 def drafting_cost(cost: CostFn, overlap: float, ahead: int | None, refeed: bool = False) -> CostFn:
@@ -97,7 +101,7 @@ def drafting_cost(cost: CostFn, overlap: float, ahead: int | None, refeed: bool 
 def unprofitable(curve: Curve) -> str | None:
     """Why speculation cannot pay on this curve (a drafted token costs STEEP of a step or more),
     or None where it can."""
-    extra = cost_function(curve.relative)(1) - 1.0
+    extra = token_cost(curve)
     if extra < STEEP:
         return None
     return f"verifying a drafted token costs {extra:.0%} of a plain step on this machine, too much to pay"

@@ -3,13 +3,13 @@
 KV caches are trimmed back past them (cheap, and what plain KV models always get). So are sliding-
 window caches past their wrap after a multi-token pass, which leaves their entries in time order
 behind a whole window (`_cuttable`). Caches that cannot be trimmed (the state caches of linear-
-attention and state-space layers; a wrapped window after a one-token pass) are restored
-instead: before a pass that may be undone, `mark` keeps
-each such cache's state by reference (MLX arrays are values: a reference is a snapshot, and no
-data is copied unless the cache later updates a buffer in place), and `rewind_to` puts every layer
-back at that mark. The tokens accepted since the mark are then missing from the cache:
-`cached` says how many entries it holds, and the decode loop feeds the rest again with its next
-pass (which it runs anyway), so a restore costs a wider pass, not an extra one.
+attention and state-space layers; a wrapped window after a one-token pass) are restored instead:
+before a pass that may be undone, `mark` keeps each such cache's state by reference (MLX arrays
+are values: a reference is a snapshot, and no data is copied unless the cache later updates a
+buffer in place), and `rewind_to` puts every layer back at that mark. The tokens accepted since
+the mark are then missing from the cache: `cached` says how many entries it holds, and the decode
+loop feeds the rest again with its next pass (which it runs anyway), so a restore costs a wider
+pass, not an extra one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Speculation on every cache type: KV caches and sliding windows (past their wrap, too) are
 trimmed; state caches (state-space, linear attention, short convolutions) are restored and the
-accepted tokens fed again. Greedy and seeded output equal plain decoding's, and the cache ends as plain
-decoding of the same tokens leaves it."""
+accepted tokens fed again. Greedy and seeded output equal plain decoding's, and the cache ends as
+plain decoding of the same tokens leaves it."""
 
 import mlx.core as mx
 import numpy as np
