@@ -17,11 +17,8 @@ from .clikit import (
     EXIT_INTERRUPTED,
     Notices,
     cli_errors,
-    costs,
+    fail,
     launch_group,
-    load,
-    read_memory,
-    save_memory,
     shared_ints,
     user_models_file,
 )
@@ -55,6 +52,12 @@ def run(
     model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
                               help="Alias from models.toml, Hugging Face repo id, or local folder."),
     file: Optional[str] = typer.Option(None, "-f", "--file", help="Read the prompt from a file ('-' = stdin).", show_default=False),
+    prompts: Optional[str] = typer.Option(None, "--prompts", show_default=False,
+                                          help="Run many prompts with one model load: JSONL {\"prompt\" or \"messages\", \"id\"} or plain lines ('-' = stdin); one JSON result line each."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", show_default=False,
+                                         help="With --prompts: append results to this JSONL file; run again to resume (ids already there are skipped)."),
+    predict: Optional[str] = typer.Option(None, "--predict", show_default=False,
+                                          help="A file with text the output is expected to repeat (e.g. the file being edited): drafts come from it; the output is unchanged."),
     max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens to generate."),
     draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
                                         help="Draft exactly up to N tokens per step with the plain n-gram predictor; 0 = plain decoding. Default: the adaptive drafter chooses."),
@@ -74,66 +77,58 @@ def run(
     color: bool = typer.Option(False, "--color", help="Colour the text that came from accepted drafts."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
 ):
-    """Generate text from a prompt, speculating with an n-gram predictor."""
-    from .decode import generate
+    """Generate text from a prompt (or many: --prompts), speculating with an n-gram predictor."""
     from .display import TextView
-    from .drafter import make_drafter
-    from .events import Prefilled
-    from .prompts import encode_prompt, read_prompt
-    from .report import DraftMode, summary
-    from .sampling import make_selector
+    from .engine import Engine, Request
+    from .options import Options
+    from .prompts import read_file, read_prompt
+    from .report import summary
     from .stats import RunStats
 
     group = launch_group(prompt, file, memory)  # under mlx.launch: every rank runs this, rank 0 speaks
     say = Notices(quiet)
-    say.settings(check(max_tokens=max_tokens, draft=draft, ngram_order=ngram_order, window=window,
-                       temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, dtype=dtype))
-    if memory and draft is not None:
-        say.warn("--memory drafts only with the adaptive drafter (no --draft); this run just adds its output to it")
+    opts = Options(max_tokens=max_tokens, draft=draft, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+                   seed=seed, ngram_order=ngram_order, window=window, memory=memory)
+    say.settings(opts.check() + check(dtype=dtype))
+    batch = prompts is not None
+    for flag, value in (("the prompt", prompt), ("--file", file), ("--predict", predict), ("--color", color)):
+        if batch and value:
+            fail(f"{flag} cannot be used with --prompts (a JSONL line may carry its own \"prediction\")")
+    if output is not None and not batch:
+        fail("--output needs --prompts (a single run writes to stdout)")
+    if batch and group is not None:
+        fail("--prompts is not supported under mlx.launch yet: run one prompt per launch")
     if temp > 0 and seed is None:  # every rank must sample with rank 0's seed
-        seed = shared_ints(group, lambda: [secrets.randbits(32)])[0]
-    selector = make_selector(temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
-    text = read_prompt(prompt, file, sys.stdin) if group is None else None  # before a slow load
-    loaded = load(model, dtype, say, group)
-    ids = shared_ints(group, lambda: encode_prompt(
-        loaded.tokenizer, text if text is not None else read_prompt(prompt, file, io.StringIO()),
-        chat=loaded.spec.chat_template and not raw, system=system))
-    mem, mem_path = read_memory(loaded, ngram_order, say) if memory else (None, None)
-    found = costs(loaded, recalibrate, say, group) if draft is None else None
-    drafter = make_drafter(draft, max_order=ngram_order, window=window, memory=mem,
-                           cost=found.drafting if found else None)
-    mode = DraftMode("auto" if draft is None else "fixed", defaults.MAX_DRAFT if draft is None else draft,
-                     found.curve if found else None)
-    stats = RunStats(model=loaded.spec.name, draft_mode=str(mode), temp=temp,
-                     seed=getattr(selector, "seed", None), ranks=group.size if group else 1,
-                     sharding=loaded.sharding)
-    events = generate(loaded.model, ids, drafter=drafter, draft=mode.cap, max_tokens=max_tokens,
-                      stop_tokens=loaded.stop_ids, context_length=loaded.context_length,
-                      selector=selector, queue_after=found.queue_after if found else None,
-                      off=found.off if found else None)
+        opts = Options(**{**vars(opts), "seed": shared_ints(group, lambda: [secrets.randbits(32)])[0]})
+    text = read_prompt(prompt, file, sys.stdin) if group is None and not batch else None  # before a slow load
+    prediction = read_file(predict) if predict else None
+    engine = Engine.load(model, dtype=dtype, world=group,
+                         notice=say.warn, progress=say.progress)
+    if draft is None:
+        engine.costs(recalibrate)  # once, before any prompt
+    if batch:
+        from .batch_run import run_batch
 
+        raise typer.Exit(run_batch(engine, opts, prompts, output, raw=raw, system=system, say=say))
+    ids = shared_ints(group, lambda: engine.encode(
+        text if text is not None else read_prompt(prompt, file, io.StringIO()), raw=raw, system=system))
+    stats = RunStats()
     interrupted = False
-    out_ids: list[int] = []
-    view = TextView(loaded.tokenizer, sys.stdout, sys.stderr, stream=not json_out,
-                    live=not quiet, color=color)
+    view = TextView(sys.stdout, sys.stderr, stream=not json_out, live=not quiet, color=color)
     with view:
         try:
-            for event in events:
-                stats.observe(event)
-                if isinstance(event, Prefilled):
-                    continue
-                out_ids.extend(event.tokens)
-                view.show(event, stats)
+            for response in engine.stream(Request(ids, opts, prediction=prediction), stats):
+                view.show(response)
         except KeyboardInterrupt:
             interrupted = True
             stats.stop_reason = "interrupted"
         out_text = view.finish()
-    if mem is not None and out_ids and not interrupted:
-        save_memory(mem, mem_path, out_ids, say)
+    if memory and not interrupted:
+        engine.save_memory()
     if json_out:
         sys.stdout.write(json.dumps({"text": out_text, **stats.to_dict()}, allow_nan=False) + "\n")
     elif not quiet:
-        sys.stderr.write(summary(stats, mode) + "\n")
+        sys.stderr.write(summary(stats) + "\n")
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
 

@@ -102,9 +102,7 @@ class Notices:
             yield lambda n=1: bar.advance(task, n)
 
 
-def user_models_file() -> Path:
-    """The user's own models.toml, in specgen's config directory."""
-    return Path(click.get_app_dir("specgen")) / "models.toml"
+user_models_file = registry.user_models_file
 
 
 def resolve(model: str) -> registry.ModelSpec:

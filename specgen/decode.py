@@ -34,12 +34,16 @@ def generate(
     stop_tokens: frozenset[int] | set[int] = frozenset(),
     context_length: int | None = None,
     prompt_cache: list | None = None,
+    cached: int = 0,
     selector: Selector = GREEDY,
     queue_after: int | None = None,
     off: str | None = None,
 ) -> Iterator[Prefilled | Step]:
     """Generate from `prompt` (token ids), speculating with `drafter` (up to `draft` tokens a
     step; 0: plain decoding); `off` says why not to speculate at all (e.g. cost.unprofitable).
+    `prompt_cache` may already hold the first `cached` tokens of `prompt` (an earlier turn of the
+    same conversation): only the rest is prefilled, while positions (sampling keys, the context
+    check) and the drafter still see the whole prompt.
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
     yielded step the cache holds every prompt and emitted token except the last emitted one
@@ -56,8 +60,11 @@ def generate(
             f"the prompt is {len(prompt)} tokens but the model's context is {context_length} "
             f"tokens: at most {context_length - 1} prompt tokens fit"
         )
+    if not 0 <= cached < len(prompt):
+        raise ValueError(f"cached must be in [0, {len(prompt)}): the last prompt token is always fed")
     cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
     rollback = Rollback(cache)
+    rollback.fed(cached)
     off = off or rollback.unsupported
     if off or draft == 0:
         speculation = Speculation(False, off or "draft length is 0")
@@ -72,14 +79,15 @@ def generate(
         rollback.fed(len(tokens))
         return logits[0]
 
-    def finish(emitted: list[int], drafted: int = 0, matched: int = 0) -> tuple[list[int], str | None]:
+    def finish(emitted: list[int], drafted: int = 0, matched: int = 0
+               ) -> tuple[list[int], str | None, int | None]:
         """Cut `emitted` before any stop token, record it and tell the drafter how its draft of
-        `drafted` tokens fared (`matched` equal the target's choices); return the tokens kept and
-        the stop reason."""
-        stop = None
+        `drafted` tokens fared (`matched` equal the target's choices); return the tokens kept, the
+        stop reason and the stop token that ended it, if one did."""
+        stop = stop_token = None
         for i, t in enumerate(emitted):
             if t in stop_tokens:
-                emitted, stop = emitted[:i], "stop"
+                emitted, stop, stop_token = emitted[:i], "stop", t
                 break
         history.extend(emitted)
         if speculation.on:
@@ -89,7 +97,7 @@ def generate(
             stop = "max_tokens"
         elif stop is None and context_length is not None and len(history) >= context_length:
             stop = "context"
-        return emitted, stop
+        return emitted, stop, stop_token
 
     def judge(logits: mx.array, drafts: list[int]) -> tuple[list[int], int, bool]:
         """What a verify pass over `drafts` emits, how many drafts equal the target's choices, and
@@ -117,7 +125,7 @@ def generate(
         return drafts[:n] + [last], n + (n < len(drafts) and drafts[n] == last), True
 
     with mx.stream(generation_stream):
-        for start in range(0, len(prompt) - 1, PREFILL_CHUNK):
+        for start in range(cached, len(prompt) - 1, PREFILL_CHUNK):
             forward(prompt[start : min(start + PREFILL_CHUNK, len(prompt) - 1)])
             mx.eval([c.state for c in cache])
         if speculation.on:
@@ -143,11 +151,11 @@ def generate(
                     logits = forward(fed)[-1 - len(drafts):]
                     if drafts:
                         tokens, matched, confirmed = judge(logits, drafts)
-                        emitted, stop = finish(tokens, len(drafts), matched)
+                        emitted, stop, stop_token = finish(tokens, len(drafts), matched)
                         rollback.rewind_to(len(history) - 1)
                         schedule.heard(True)
                         yield Step(tuple(emitted), len(drafts), min(matched, len(emitted)), stop,
-                                   confirmed=confirmed)
+                                   confirmed=confirmed, stop_token=stop_token)
                         if stop:
                             return
                         continue
@@ -163,8 +171,8 @@ def generate(
                 token = pending.item()
                 if speculation.on:
                     drafter.recycle(history[-1:], [token])
-                emitted, stop = finish([token])
-                yield Step(tuple(emitted), stop_reason=stop)
+                emitted, stop, stop_token = finish([token])
+                yield Step(tuple(emitted), stop_reason=stop, stop_token=stop_token)
                 if stop:
                     return
                 pending = queued

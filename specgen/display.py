@@ -16,9 +16,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from .events import Step
 from .report import status_line
-from .stats import RunStats
 
 DRAFT_STYLE = "cyan"  # --color: text that came from accepted drafts
 UPDATE_EVERY_S = 0.05  # at most 20 live-view updates a second: more would slow small models
@@ -26,12 +24,10 @@ PREVIEW_ROWS = 4  # rows of an unfinished line the live view shows
 
 
 class TextView:
-    """Detokenizes steps (mlx-lm's streaming detokenizer: whole UTF-8 characters only) and shows them."""
+    """Shows the engine's responses (text segments, whole UTF-8 characters) as they come."""
 
-    def __init__(self, tokenizer, stdout: TextIO, stderr: TextIO, *, stream: bool, live: bool,
-                 color: bool):
-        self._detok = tokenizer.detokenizer
-        self._detok.reset()
+    def __init__(self, stdout: TextIO, stderr: TextIO, *, stream: bool, live: bool, color: bool):
+        self._text: list[str] = []
         self._stdout = stdout
         self._stream = stream
         both_tty = stdout.isatty() and stderr.isatty()
@@ -58,11 +54,11 @@ class TextView:
             self._live.stop()
         return False
 
-    def show(self, step: Step, stats: RunStats) -> None:
-        """Add a step's tokens to the text, and refresh the footer."""
-        for i, token in enumerate(step.tokens):
-            self._detok.add_token(token)
-            self._emit(self._detok.last_segment, DRAFT_STYLE if i < step.accepted else None)
+    def show(self, response) -> None:
+        """Add a response's text (an engine.Response), and refresh the footer."""
+        self._text.append(response.text)
+        self._emit(response.text, DRAFT_STYLE if response.from_draft else None)
+        stats = response.stats
         now = time.monotonic()
         if self._live and now - self._shown >= UPDATE_EVERY_S:
             self._shown = now
@@ -70,12 +66,10 @@ class TextView:
             self._refresh()
 
     def finish(self) -> str:
-        """Flush what the detokenizer held back, end the output with a newline; return the text."""
-        self._detok.finalize()
-        self._emit(self._detok.last_segment, None)
+        """End the output with a newline; return the whole text."""
         if self._live:
             self._live.stop()
-        text = self._detok.text
+        text = "".join(self._text)
         if self._stream:
             if self._in_live:
                 self._out.print(self._line, end="", soft_wrap=True)

@@ -50,6 +50,7 @@ class Step:
     accepted: int = 0
     stop_reason: str | None = None
     confirmed: bool = False
+    stop_token: int | None = None
 
 
 class Verdict(NamedTuple):

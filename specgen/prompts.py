@@ -8,7 +8,8 @@ from typing import TextIO
 from .errors import InputError, SettingError
 
 
-def _read_file(path: str) -> str:
+def read_file(path: str) -> str:
+    """A UTF-8 text file's contents; a missing or unreadable file is an InputError naming it."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"no such file: {path}")
@@ -41,7 +42,7 @@ def read_prompt(argument: str | None, file: str | None, stdin: TextIO) -> str:
     """
     parts = []
     if file is not None:
-        parts.append((_read_stream(stdin) if file == "-" else _read_file(file)).rstrip("\n"))
+        parts.append((_read_stream(stdin) if file == "-" else read_file(file)).rstrip("\n"))
         if not parts[0].strip():
             raise InputError(f"the prompt file {'(stdin)' if file == '-' else file} is empty")
     elif argument == "-" or not stdin.isatty():

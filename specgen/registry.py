@@ -47,6 +47,7 @@ class LoadedModel:
     warnings: list[str] = field(default_factory=list)  # things the user set that will not hold
     sharding: str = "none"  # how the model is split over an mlx.launch group
     dtype: str | None = None  # what the weights were converted to (--dtype), if anything
+    config: dict = field(default_factory=dict, repr=False)  # the model's config.json
 
     @property
     def calibration_key(self) -> str:
@@ -106,6 +107,13 @@ def read_models_file(path: Path) -> dict[str, ModelSpec]:
         aliases[name] = ModelSpec(name, source, str(entry.get("description", "")),
                                   tuple(stops), template, ctx)
     return aliases
+
+
+def user_models_file() -> Path:
+    """The user's own models.toml, in specgen's config directory."""
+    import click
+
+    return Path(click.get_app_dir("specgen")) / "models.toml"
 
 
 def load_registry(user_file: Path | None = None) -> dict[str, ModelSpec]:
@@ -235,4 +243,23 @@ def load(spec: ModelSpec, *, dtype: str | None = None, world=None) -> LoadedMode
         else:
             stop_ids.add(found)
     return LoadedModel(spec, model, tokenizer, spec.context_length or _context_length(config),
-                       frozenset(stop_ids), model_key(spec), warnings, sharding, dtype)
+                       frozenset(stop_ids), model_key(spec), warnings, sharding, dtype, config)
+
+
+def wrap(model, tokenizer) -> LoadedModel:
+    """A model and tokenizer loaded elsewhere (mlx_lm.load) as a LoadedModel: the tokenizer's
+    EOS tokens stop it, as in mlx-lm; its weights' shapes and dtype key its calibration."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    if not isinstance(tokenizer, TokenizerWrapper):
+        tokenizer = TokenizerWrapper(tokenizer)
+    params = tree_flatten(model.parameters())
+    size = sum(v.size for _, v in params)
+    dtype = params[0][1].dtype if params else mx.float32
+    key = f"module:{type(model).__module__}:{size}:{dtype}"
+    args = getattr(model, "args", None)
+    config = vars(args) if args is not None and hasattr(args, "__dict__") else {}
+    return LoadedModel(ModelSpec(type(model).__module__.rsplit(".", 1)[-1], ""), model, tokenizer,
+                       _context_length(config), frozenset(tokenizer.eos_token_ids), key, config=config)

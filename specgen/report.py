@@ -58,15 +58,17 @@ def status_line(stats: RunStats) -> str:
             f"accept {c.acceptance_rate:.0%}  {c.tokens_per_step:.2f} tok/step")
 
 
-def summary(stats: RunStats, mode: DraftMode) -> str:
+def summary(stats: RunStats) -> str:
     """The one-line report printed after generating."""
     c = stats.counts
     if stats.speculation.on:
-        spec = (f"draft {mode.short}: accepted {c.accepted}/{c.drafted} ({c.acceptance_rate:.0%}), "
+        spec = (f"draft {stats.draft_mode.split(',')[0]}: accepted {c.accepted}/{c.drafted} ({c.acceptance_rate:.0%}), "
                 f"{c.tokens_per_step:.2f} tok/step")
     else:
         spec = f"speculation {stats.speculation}"
     seed = f"; seed {stats.seed}" if stats.seed is not None else ""
+    if stats.prediction_drafted:
+        spec += f"; prediction {stats.prediction_accepted}/{stats.prediction_drafted} accepted"
     return (f"{stats.model}: {stats.prompt_tokens} prompt tok in {stats.prefill_s:.2f}s; "
             f"{c.tokens} tok in {stats.decode_s:.2f}s ({stats.decode_tps:.1f} tok/s), "
             f"{c.steps} steps; {spec}{seed}; stop: {stats.stop_reason}")

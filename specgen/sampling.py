@@ -116,3 +116,26 @@ def make_selector(temp: float = defaults.TEMP, *, top_p: float = defaults.TOP_P,
         return GREEDY
     seed = secrets.randbits(32) if seed is None else seed
     return Sampler(temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+
+
+class MlxLmSampling:
+    """mlx-lm's own `sampler` and `logits_processors` (as passed to mlx_lm.generate), called once
+    per emitted token in order as mlx-lm calls them; their random state and the tokens they read
+    cannot be replayed for a draft's rows, so a run with them does not speculate (CUSTOM_OFF)."""
+
+    def __init__(self, sampler=None, logits_processors=None):
+        self.sampler, self.processors = sampler, list(logits_processors or [])
+
+    def pick(self, logits, history, position):
+        if self.processors:
+            tokens = mx.array(history)
+            for process in self.processors:
+                logits = process(tokens, logits[None])[0]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return (self.sampler or (lambda x: mx.argmax(x, axis=-1)))(logprobs[None])[0]
+
+    def verify(self, logits, history, position, drafts):  # pragma: no cover - never speculates
+        raise RuntimeError("mlx-lm samplers do not verify drafts")
+
+
+CUSTOM_OFF = "an mlx-lm sampler or logits processors (pass temp/top_p/top_k/min_p/seed to speculate)"

@@ -82,6 +82,10 @@ class RunStats:
     counts: Counts = field(default_factory=Counts)
     near_ties: int = 0  # verify rows recomputed one position at a time (see sampling.py)
     stop_reason: str | None = None
+    cached_tokens: int = 0  # prompt tokens a prompt cache already held (not prefilled)
+    prediction_drafted: int = 0  # drafted tokens that came from the caller's prediction
+    prediction_accepted: int = 0  # ...and were accepted
+    output_ids: list[int] = field(default_factory=list, repr=False)  # every token emitted
     _start: float = field(default_factory=time.perf_counter, repr=False)
     _decode_start: float | None = field(default=None, repr=False)
 
@@ -95,6 +99,7 @@ class RunStats:
             self._decode_start = now
             return
         self.counts.add_step(len(event.tokens), event.drafted, event.accepted)
+        self.output_ids.extend(event.tokens)
         self.near_ties += event.confirmed
         if event.stop_reason:
             self.stop_reason = event.stop_reason
@@ -104,12 +109,25 @@ class RunStats:
     def decode_tps(self) -> float:
         return ratio(self.counts.tokens, self.decode_s)
 
+    @property
+    def prompt_tps(self) -> float:
+        """Prompt tokens prefilled (those a prompt cache held excluded) per second."""
+        return ratio(self.prompt_tokens - self.cached_tokens, self.prefill_s)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The stop reason as mlx-lm and OpenAI say it: "stop" or "length"."""
+        if self.stop_reason is None:
+            return None
+        return "length" if self.stop_reason in ("max_tokens", "context") else "stop"
+
     def to_dict(self) -> dict:
         """The documented JSON fields (see README, "JSON output")."""
         c = self.counts
         return {
             "model": self.model,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "generated_tokens": c.tokens,
             "prefill_s": round(self.prefill_s, 6),
             "decode_s": round(self.decode_s, 6),
@@ -121,6 +139,8 @@ class RunStats:
             "tokens_per_step": round(c.tokens_per_step, 4),
             "accept_histogram": list(c.histogram),
             "near_ties": self.near_ties,
+            "prediction_drafted": self.prediction_drafted,
+            "prediction_accepted": self.prediction_accepted,
             "speculation": str(self.speculation),
             "draft_mode": self.draft_mode,
             "temp": finite(self.temp),

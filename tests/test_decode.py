@@ -96,7 +96,7 @@ def test_stop_token_inside_an_accepted_draft_ends_generation_there():
     cache = make_prompt_cache(ScriptedModel(CYCLE))
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1]
     _, steps, _ = run(ScriptedModel(CYCLE), prompt, stop_tokens={3}, prompt_cache=cache)
-    assert steps == [Step((2,), drafted=4, accepted=1, stop_reason="stop")]
+    assert steps == [Step((2,), drafted=4, accepted=1, stop_reason="stop", stop_token=3)]
     assert cache[0].offset == len(prompt)  # prompt and the emitted 2, minus the last token
 
 

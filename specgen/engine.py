@@ -1,0 +1,210 @@
+"""A loaded model and what generating with it needs, built once: the one way through.
+
+`Engine` owns one model (weights, tokenizer, stop tokens, context length), its measured verify
+cost (measured at most once per engine, before the first request that drafts) and its memory of
+earlier outputs. `Engine.stream(Request)` runs decode.generate and turns its steps into one
+`Response` per token: mlx-lm's GenerationResponse, with specgen's running `stats`. The CLI,
+batch runs, the Python API (api.py) and the server all call it, so they cannot disagree on
+defaults, stop tokens or drafting.
+
+An engine is not thread-safe: a generation runs, and must be closed, on one thread (the decode
+loop's stream context and its cache rewind happen there); the server keeps one worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationResponse
+
+from . import decode, defaults, registry
+from .drafter import make_drafter
+from .events import Prefilled
+from .options import Options
+from .prompts import encode_prompt
+from .report import DraftMode
+from .sampling import Selector, make_selector
+from .stats import RunStats
+from .stops import StopText
+
+_log = logging.getLogger("specgen")
+MEMORY_SAVE_S = 30.0  # a memory that learns is saved at most this often (and by save_memory)
+
+
+@dataclass
+class Response(GenerationResponse):
+    """One generated token, as mlx-lm's stream_generate yields it (`logprobs` is None: the verify
+    pass does not keep them), plus specgen's running statistics of the generation (`stats`;
+    complete on the response with a finish_reason)."""
+
+    stats: RunStats | None = None
+
+
+@dataclass
+class Request:
+    """One generation: prompt token ids and settings. `prompt_cache` may already hold the first
+    `cached` of `ids`; `prediction` is text (or ids) the output is expected to repeat, a draft
+    source only; `selector` overrides the options' sampling (an mlx-lm sampler: no drafts);
+    `stop_ids` overrides the model's stop tokens."""
+
+    ids: Sequence[int]
+    options: Options = field(default_factory=Options)
+    prompt_cache: list | None = None
+    cached: int = 0
+    prediction: str | Sequence[int] | None = None
+    selector: Selector | None = None
+    stop_ids: frozenset[int] | None = None
+    off: str | None = None  # why not to speculate, decided by the caller
+
+
+class Engine:
+    """One model, loaded once, and everything its generations share."""
+
+    def __init__(self, loaded: registry.LoadedModel, *, world=None,
+                 notice: Callable[[str], None] = _log.warning,
+                 progress: Callable[[str], None] = _log.info):
+        self.loaded, self.world = loaded, world
+        self.notice, self.progress = notice, progress
+        self._costs = None
+        self._memories: dict[int, tuple] = {}  # ngram order -> (memory, its file)
+        self._saved_at = time.monotonic()
+        for w in loaded.warnings:
+            notice(w)
+
+    @classmethod
+    def load(cls, model: str = defaults.MODEL, *, dtype: str | None = None, world=None,
+             **callbacks) -> "Engine":
+        """Load a model by alias (models.toml, the user's own included), Hugging Face repo id or
+        folder (registry.load)."""
+        spec = registry.resolve(model, registry.load_registry(registry.user_models_file()))
+        callbacks.get("progress", _log.info)(f"loading {spec.name} ...")
+        return cls(registry.load(spec, dtype=dtype, world=world), world=world, **callbacks)
+
+    @property
+    def name(self) -> str:
+        return self.loaded.spec.name
+
+    def encode(self, prompt: str | list[dict], *, raw: bool = False, system: str | None = None) -> list[int]:
+        """Token ids of a prompt or conversation, through the chat template unless `raw` or the
+        model's alias turns it off."""
+        return encode_prompt(self.loaded.tokenizer, prompt, chat=self.loaded.spec.chat_template and not raw,
+                             system=system)
+
+    def costs(self, recalibrate: bool = False):
+        """The model's verify cost on this machine (calibrate.model_costs), measured at most once."""
+        if self._costs is None or recalibrate:
+            from .calibrate import model_costs
+
+            found = model_costs(self.loaded.model, self.loaded.calibration_key, self.loaded.tokenizer,
+                                recalibrate=recalibrate, world=self.world,
+                                before_measuring=lambda: self.progress(
+                                    f"measuring how fast {self.name} verifies drafts on this machine "
+                                    "(once per model; a few seconds) ..."))
+            if found.warning:
+                self.notice(found.warning)
+            if found.off:
+                self.notice(f"speculation off: {found.off}; decoding plainly")
+            self._costs = found
+        return self._costs
+
+    def memory(self, ngram_order: int = defaults.MAX_ORDER):
+        """This model's memory of earlier outputs (read once; an unusable file is a notice)."""
+        if ngram_order not in self._memories:
+            from . import memory_file
+
+            path = memory_file.memory_path(self.loaded.key, ngram_order)
+            mem, warning = memory_file.load(path, self.loaded.key,
+                                            registry.local_source(self.loaded.spec.source),
+                                            max_order=ngram_order)
+            if warning:
+                self.notice(warning)
+            self._memories[ngram_order] = (mem, path)
+        return self._memories[ngram_order][0]
+
+    def save_memory(self) -> None:
+        """Write what the memories learnt since they were read (locked, atomic, merged)."""
+        from . import memory_file
+
+        for mem, path in self._memories.values():
+            if mem.unsaved():
+                warning = memory_file.save(mem, path)
+                if warning:
+                    self.notice(warning)
+        self._saved_at = time.monotonic()
+
+    def stream(self, request: Request, stats: RunStats | None = None) -> Iterator[Response]:
+        """Generate: one Response per emitted token, the last with a finish_reason. Closing the
+        iterator early stops generation (the cache is then left holding prompt and output but
+        the last token: `stats.output_ids`). `stats` (a fresh RunStats, whose clock starts when
+        it is made) is filled in as it goes, for a caller that needs it even if nothing comes."""
+        stats = stats or RunStats()
+        stats.model, stats.sharding = self.name, self.loaded.sharding
+        stats.ranks = self.world.size if self.world else 1
+        opts = request.options
+        opts.check()  # the caller reported the warnings
+        tokenizer = self.loaded.tokenizer
+        selector = request.selector or make_selector(opts.temp, top_p=opts.top_p, top_k=opts.top_k,
+                                                     min_p=opts.min_p, seed=opts.seed)
+        found = self.costs() if opts.draft is None and not request.off and request.selector is None else None
+        mem = self.memory(opts.ngram_order) if opts.memory else None
+        prediction = request.prediction
+        if isinstance(prediction, str):
+            prediction = tokenizer.encode(prediction, add_special_tokens=False) if prediction else None
+        drafter = make_drafter(opts.draft, max_order=opts.ngram_order, window=opts.window,
+                               memory=mem if opts.draft is None else None,
+                               cost=found.drafting if found else None,
+                               **({"prediction": prediction} if prediction else {}))
+        mode = DraftMode("auto" if opts.draft is None else "fixed",
+                         defaults.MAX_DRAFT if opts.draft is None else opts.draft,
+                         found.curve if found else None)
+        stats.draft_mode, stats.temp = str(mode), opts.temp
+        stats.seed, stats.cached_tokens = getattr(selector, "seed", None), request.cached
+        off = request.off or (found.off if found else None)
+        events = decode.generate(self.loaded.model, list(request.ids), drafter=drafter, draft=mode.cap,
+                          max_tokens=opts.max_tokens,
+                          stop_tokens=self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
+                          context_length=self.loaded.context_length, prompt_cache=request.prompt_cache,
+                          cached=request.cached, selector=selector,
+                          queue_after=found.queue_after if found else None, off=off)
+        detok = tokenizer.detokenizer
+        text = StopText(opts.stop)
+        made = lambda token, segment, drafted, finish=None: Response(
+            segment, token, None, drafted, stats.prompt_tokens, stats.prompt_tps, len(stats.output_ids),
+            stats.decode_tps, mx.get_peak_memory() / 1e9, finish, stats)
+        try:
+            for event in events:
+                stats.observe(event)
+                if isinstance(event, Prefilled):
+                    continue
+                counted = getattr(drafter, "prediction_counts", None)
+                if counted is not None:
+                    stats.prediction_drafted, stats.prediction_accepted = counted
+                last = len(event.tokens) - 1
+                for i, token in enumerate(event.tokens):
+                    detok.add_token(token)
+                    if i == last and event.stop_reason:
+                        detok.finalize()
+                    segment, stopped = text.add(detok.last_segment)
+                    if stopped:
+                        stats.stop_reason = "stop"
+                    finish = stats.finish_reason if stopped or i == last else None
+                    yield made(token, segment + (text.flush() if finish else ""), i < event.accepted, finish)
+                    if stopped:
+                        break
+                else:
+                    if not event.tokens and event.stop_reason:  # the stop token came first
+                        detok.finalize()
+                        segment, _ = text.add(detok.last_segment)
+                        yield made(event.stop_token, segment + text.flush(), False, stats.finish_reason)
+                    continue
+                break  # a stop string
+        finally:
+            events.close()  # the loop's own finally leaves the cache consistent, here on this thread
+        if mem is not None and stats.stop_reason and stats.output_ids:
+            mem.add(stats.output_ids)
+            if time.monotonic() - self._saved_at >= MEMORY_SAVE_S:
+                self.save_memory()
