@@ -27,7 +27,8 @@ class Evidence(NamedTuple):
     """A kind of support for a drafted token, with its prior and the group that rescales it."""
 
     kind: str  # "copy", "mcopy" (memory's), "realign", "subst", "ngram", "ngram1" (seen once), "memory",
-    # "recycled" (the target's own earlier prediction after the same token)
+    # "recycled" (the target's own earlier prediction after the same token), "predicted" (a copy
+    # from the caller's predicted output)
     prior: float
     odds: float  # prior / (1 - prior)
     group: str  # the rescaling it shares: its kind, but "long" copies apart and realign with copies
@@ -47,9 +48,10 @@ def _evidence(kind: str, prior: float, group: str | None = None) -> Evidence:
 class EvidenceTable:
     """Every kind of evidence for one parameters record, indexed by its features."""
 
-    copy: tuple  # [own 0 / memory 1][match bucket][agree 0/1][continues the last copy 0/1]
+    copy: tuple  # [own 0 / memory 1 / prediction 2][match bucket][agree 0/1][continues the last copy 0/1]
     bucket_of: tuple  # backward match length (capped at match_cap + 1) -> its match bucket
     realign: tuple  # [drafted position, the last one repeating]
+    predicted_realign: tuple  # the same, realigning with the caller's prediction
     subst: Evidence
     recycled: Evidence
     ngram: tuple  # [kind: own 0 / own and seen once 1 / memory 2][order 2..4 - 2][share 0..2][count 1..4+ - 1]
@@ -64,22 +66,29 @@ class EvidenceTable:
 def evidence_for(params: DrafterParams) -> EvidenceTable:
     """The interned evidence table of a parameters record."""
     last = len(params.copy_bounds) - 1
-    copy = tuple(
-        tuple(tuple(tuple(
-            _evidence("copy", odds_scaled(params.copy_prior[b][agree or b == last], params.cont_odds)
-                      if cont else params.copy_prior[b][agree or b == last], "long" if b == last else "copy")
-            if own else
-            _evidence("mcopy", odds_scaled(params.copy_prior[b][agree or b == last], params.memory_odds))
-            for cont in (0, 1)) for agree in (0, 1)) for b in range(last + 1))
-        for own in (True, False))
+
+    def copy_evidence(source: int, b: int, agree: int, cont: int) -> Evidence:
+        prior = params.copy_prior[b][agree or b == last]
+        if source == 0:
+            return _evidence("copy", odds_scaled(prior, params.cont_odds) if cont else prior,
+                             "long" if b == last else "copy")
+        if source == 1:
+            return _evidence("mcopy", odds_scaled(prior, params.memory_odds))
+        odds = params.predicted_odds * (params.cont_odds if cont else 1.0)
+        return _evidence("predicted", odds_scaled(prior, odds))
+
+    copy = tuple(tuple(tuple(tuple(copy_evidence(source, b, agree, cont) for cont in (0, 1))
+                             for agree in (0, 1)) for b in range(last + 1)) for source in (0, 1, 2))
     realign = tuple(_evidence("realign", p, "copy") for p in params.realign_prior)
+    predicted_realign = tuple(_evidence("predicted", odds_scaled(p, params.predicted_odds))
+                              for p in params.realign_prior)
     ngram = tuple(tuple(tuple(tuple(
         _evidence(kind, odds_scaled(q, params.memory_odds) if kind == "memory" else q)
         for q in by_count) for by_count in by_share) for by_share in params.ngram_prior)
         for kind in ("ngram", "ngram1", "memory"))
     bucket_of = tuple(next((i for i, bound in enumerate(params.copy_bounds) if m < bound), last)
                       for m in range(params.match_cap + 2))
-    return EvidenceTable(copy, bucket_of, realign, _evidence("subst", params.subst_prior),
+    return EvidenceTable(copy, bucket_of, realign, predicted_realign, _evidence("subst", params.subst_prior),
                          _evidence("recycled", params.recycled_prior), ngram)
 
 

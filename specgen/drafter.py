@@ -11,21 +11,26 @@ of being accepted comes from its evidence (acceptance.py); the draft length is t
 choice over the measured cost curve (length.py). After each step the decode loop says which
 draft tokens held (`Verdict`), and the drafter learns from it: per request, how each kind of
 evidence fares, which tokens copies break after, which tokens the output substitutes.
+
+A caller's `prediction` (OpenAI's Predicted Outputs: text the output is expected to repeat) is one
+more copy source, followed and trusted while the output follows it (prediction.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 from . import defaults
 from .acceptance import MEMORY_GROUPS, Acceptance, Evidence, evidence_for, odds_scaled
 from .copies import Copies, CopySource
-from .events import Verdict
+from .errors import SettingError
+from .events import PredictionCounts, Verdict
 from .guess import Guess, NGramGuesser
 from .length import CostFn, choose_length, cost_table, linear_cost
 from .ngram import NGramTables, context_keys, keys_along
 from .params import PARAMS, DrafterParams
+from .prediction import PREDICTED, PREDICTED_REALIGN, Prediction, checked
 from .predictor import BATCH_HASH
 from .settings import check
 
@@ -42,11 +47,12 @@ class Draft:
 
 
 class AdaptiveDrafter:
-    """Drafts from long copies, the n-gram tables and (optionally) memory, as far as it pays."""
+    """Drafts from long copies, the n-gram tables, (optionally) memory and the caller's
+    `prediction` (token ids the output is expected to repeat), as far as it pays."""
 
     def __init__(self, max_order: int = defaults.MAX_ORDER, window: int = defaults.WINDOW,
                  min_order: int = defaults.MIN_ORDER, *, cost: CostFn = linear_cost(defaults.BETA),
-                 memory=None, params: DrafterParams = PARAMS):
+                 memory=None, params: DrafterParams = PARAMS, prediction: Sequence[int] = ()):
         self.params = params
         self.max_order = max_order
         self.window = window
@@ -64,6 +70,13 @@ class AdaptiveDrafter:
         self.last: Draft | None = None  # the last draft, until the loop's verdict on it
         self.recycled: dict[int, int] = {}  # token -> the target's latest choice after it
         self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, params, memory).guess
+        predicted = checked(prediction)
+        self.prediction = Prediction(predicted, params) if predicted else None
+
+    @property
+    def prediction_counts(self) -> PredictionCounts:
+        """How many drafted tokens came from the prediction, and how many of those were accepted."""
+        return self.prediction.counts if self.prediction is not None else PredictionCounts(0, 0)
 
     # --- learning ---------------------------------------------------------------------------
 
@@ -71,6 +84,8 @@ class AdaptiveDrafter:
         """Take the prompt or a step's emitted tokens; `verdict` says how the last draft fared."""
         tokens = list(tokens)
         self.copies.advance(tokens)
+        if self.prediction is not None:
+            self.prediction.advance(tokens)
         last, self.last = self.last, None
         if last is not None and verdict is not None:
             self._learn(last, tokens, verdict)
@@ -111,6 +126,8 @@ class AdaptiveDrafter:
             if ev.kind in _HAZARD_KINDS:
                 self.copies.hazards.record(prev, not hit)
             prev = last.tokens[i]
+        if self.prediction is not None:
+            self.prediction.judged(last.evidence, n)
         if last.copy is not None and last.copy.own:
             self.copies.judged(last.copy.pos, tokens, n, len(last.tokens),
                                n < len(last.evidence) and last.evidence[n].kind == "subst")
@@ -137,6 +154,8 @@ class AdaptiveDrafter:
         toks = self.tokens
         if self.copies.start is None:
             self.copies.start = len(toks)
+            if self.prediction is not None:  # it sits between the prompt and the output
+                self.prediction.begin(toks)
         if room <= 0:
             return None
         table = self._table
@@ -146,6 +165,8 @@ class AdaptiveDrafter:
         if self._list_keys:  # the next feed's keys are these
             self._keys = (len(toks), keys)
         copy = self.copies.find(keys, self.memory)
+        if self.prediction is not None:
+            copy = self.prediction.find(keys, toks, copy)
         guess = None
         if copy is None:
             guess = self._ngram(keys)
@@ -169,11 +190,15 @@ class AdaptiveDrafter:
         src = made.copy
         if src is not None:
             seq, pos, end, own = src.tokens, src.pos, src.end, src.own
-            realign, last_realign = src.how == "realign", len(table.realign) - 1
+            predicted = src.how == PREDICTED or src.how == PREDICTED_REALIGN
+            realign = src.how == "realign" or src.how == PREDICTED_REALIGN
+            realigned = table.predicted_realign if predicted else table.realign
+            last_realign = len(realigned) - 1
             match = p.match_cap + 1 if src.how == "trusted" else src.match
-            cont = own and self.copies.is_followed(pos)
-            by_bucket, bucket_of, top = table.copy[0 if own else 1], table.bucket_of, len(table.bucket_of) - 1
-            q_of = (self.acceptance if own else self.memory.acceptance).q
+            cont = self.copies.is_followed(pos) if own else predicted and self.prediction.is_followed(pos)
+            by_bucket = table.copy[2 if predicted else 0 if own else 1]
+            bucket_of, top = table.bucket_of, len(table.bucket_of) - 1
+            q_of = (self.acceptance if own or predicted else self.memory.acceptance).q
             subst = self.copies.substitutions.forward if own else None
             hazards = self.copies.hazards
         i = 0
@@ -190,7 +215,7 @@ class AdaptiveDrafter:
                 if subst and at < end and tok in subst:
                     tok, ev = subst[tok], table.subst
                 elif realign:
-                    ev = table.realign[i if i < last_realign else last_realign]
+                    ev = realigned[i if i < last_realign else last_realign]
                 else:
                     m = match + i
                     if m < p.agree_below:
@@ -224,12 +249,17 @@ class AdaptiveDrafter:
             keys = None  # hashed again only if the n-gram tables are asked
 
 def make_drafter(draft: int | None = None, *, max_order: int = defaults.MAX_ORDER,
-                 window: int = defaults.WINDOW, cost: CostFn | None = None, memory=None):
+                 window: int = defaults.WINDOW, cost: CostFn | None = None, memory=None,
+                 prediction: Sequence[int] | None = None):
     """The drafter `run`, `simulate` and `bench` use: the adaptive drafter when `draft` is None,
-    else the fixed-length n-gram predictor (`--draft N`)."""
+    else the fixed-length n-gram predictor (`--draft N`), which cannot use a `prediction`."""
     check(draft=draft, ngram_order=max_order, window=window)
+    prediction = checked(prediction) if prediction is not None else []
     if draft is None:
-        return AdaptiveDrafter(max_order, window, cost=cost or linear_cost(defaults.BETA), memory=memory)
+        return AdaptiveDrafter(max_order, window, cost=cost or linear_cost(defaults.BETA), memory=memory,
+                               prediction=prediction)
+    if prediction:
+        raise SettingError("prediction", "is used only by the adaptive drafter (leave draft unset)")
     from .predictor import NGramPredictor
 
     return NGramPredictor(max_order, window)

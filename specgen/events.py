@@ -4,6 +4,7 @@ model-free code such as simulate and stats can use them).
 - `Prefilled`, `Step`: what `decode.generate` yields.
 - `Verdict`: what the loop tells the drafter about its last draft.
 - `Drafter`: what the loop asks of a drafter.
+- `PredictionCounts`: how the drafts from a caller's predicted output fared.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ class Verdict(NamedTuple):
         """For a step that drafted `drafted` tokens, of which the first `matched` equal the target's
         choices, and emitted `emitted` tokens (fewer than matched + 1 after a stop)."""
         return cls(min(matched, emitted), matched < drafted and matched < emitted)
+
+
+class PredictionCounts(NamedTuple):
+    """Drafted tokens that came from the caller's prediction, and how many of them were accepted."""
+
+    drafted: int = 0
+    accepted: int = 0
 
 
 class Drafter(Protocol):
