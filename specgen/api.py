@@ -22,7 +22,9 @@ from .errors import SettingError, SpecgenError
 from .options import Options
 
 _ENGINES: dict[int, Engine] = {}  # id(model) -> its engine, while the model lives
-_CACHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # cache[0] -> tokens it holds
+# cache[0] -> (the conversation so far, how much of it the cache holds): as in mlx-lm, a
+# conversation is every prompt and every token yielded, its final one and a stop token included.
+_CACHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _OPTION_NAMES = {f.name for f in fields(Options)}
 
 
@@ -71,17 +73,18 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
 
 def _cache_start(prompt_cache, ids: list[int]) -> tuple[list[int], int]:
     """(whole prompt, tokens of it already cached) for mlx-lm's prompt_cache semantics: the cache
-    holds earlier turns (fed by specgen) and `ids` continue them."""
+    holds earlier turns (fed by specgen) and `ids` continue them. What the last call yielded but
+    did not feed (its final token) is fed with `ids`, not in an extra pass."""
     if not prompt_cache:
         return ids, 0
     held = prompt_cache[0].offset if hasattr(prompt_cache[0], "offset") else 0
     if held == 0:
         return ids, 0
-    known = _CACHED.get(prompt_cache[0])
-    if known is None or len(known) != held:
+    known, in_cache = _CACHED.get(prompt_cache[0], (None, None))
+    if known is None or in_cache != held:
         raise SettingError("prompt_cache", f"holds {held} tokens that specgen did not put there; pass "
                                            "a cache from make_prompt_cache used only through specgen")
-    return known + ids, len(known)
+    return known + ids, in_cache
 
 
 def stream_generate(model, tokenizer, prompt: str | Sequence[int], max_tokens: int = defaults.MAX_TOKENS,
@@ -117,8 +120,10 @@ def stream_generate(model, tokenizer, prompt: str | Sequence[int], max_tokens: i
         for last in engine.stream(request):
             yield last
     finally:
-        if prompt_cache and last is not None:  # what the cache holds now (see Engine.stream)
-            _CACHED[prompt_cache[0]] = (ids + last.stats.output_ids)[:-1]
+        if prompt_cache and last is not None:  # the cache holds all but the last token (Engine.stream)
+            stats = last.stats
+            said = ids + stats.output_ids + ([stats.stop_token] if stats.stop_token is not None else [])
+            _CACHED[prompt_cache[0]] = (said, len(ids) + len(stats.output_ids) - 1)
 
 
 def generate(model, tokenizer, prompt: str | Sequence[int], verbose: bool = False, **kwargs) -> str:

@@ -172,9 +172,14 @@ class Engine:
                           queue_after=found.queue_after if found else None, off=off)
         detok = tokenizer.detokenizer
         text = StopText(opts.stop)
-        made = lambda token, segment, drafted, finish=None: Response(
-            segment, token, None, drafted, stats.prompt_tokens, stats.prompt_tps, len(stats.output_ids),
-            stats.decode_tps, mx.get_peak_memory() / 1e9, finish, stats)
+        given = 0  # responses handed out
+
+        def made(token, segment, drafted, finish=None):
+            nonlocal given
+            given += 1
+            return Response(segment, token, None, drafted, stats.prompt_tokens, stats.prompt_tps, given,
+                            stats.decode_tps, mx.get_peak_memory() / 1e9, finish, stats)
+
         try:
             for event in events:
                 stats.observe(event)
@@ -183,10 +188,13 @@ class Engine:
                 counted = getattr(drafter, "prediction_counts", None)
                 if counted is not None:
                     stats.prediction_drafted, stats.prediction_accepted = counted
-                last = len(event.tokens) - 1
+                # As in mlx-lm: a stop token gets a response of its own, after every token
+                # before it; otherwise the last token carries the finish reason.
+                by_token = event.stop_token is not None
+                last = len(event.tokens) - 1 if event.stop_reason and not by_token else -1
                 for i, token in enumerate(event.tokens):
                     detok.add_token(token)
-                    if i == last and event.stop_reason:
+                    if i == last:
                         detok.finalize()
                     segment, stopped = text.add(detok.last_segment)
                     if stopped:
@@ -196,10 +204,11 @@ class Engine:
                     if stopped:
                         break
                 else:
-                    if not event.tokens and event.stop_reason:  # the stop token came first
+                    if by_token:
+                        stats.stop_token = event.stop_token
                         detok.finalize()
                         segment, _ = text.add(detok.last_segment)
-                        yield made(event.stop_token, segment + text.flush(), False, stats.finish_reason)
+                        yield made(event.stop_token, segment + text.flush(), False, "stop")
                     continue
                 break  # a stop string
         finally:

@@ -125,14 +125,20 @@ class MlxLmSampling:
 
     def __init__(self, sampler=None, logits_processors=None):
         self.sampler, self.processors = sampler, list(logits_processors or [])
+        self._tokens = None  # what the processors read: the prompt, then each pick (lazily)
 
     def pick(self, logits, history, position):
+        # A queued step picks before the loop has the last token in `history`: keep the picks,
+        # as mlx-lm's generate_step does.
+        if self._tokens is None:
+            self._tokens = mx.array(history[:position], mx.uint32)
         if self.processors:
-            tokens = mx.array(history)
             for process in self.processors:
-                logits = process(tokens, logits[None])[0]
+                logits = process(self._tokens, logits[None])[0]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return (self.sampler or (lambda x: mx.argmax(x, axis=-1)))(logprobs[None])[0]
+        token = (self.sampler or (lambda x: mx.argmax(x, axis=-1)))(logprobs[None]).reshape(-1)
+        self._tokens = mx.concatenate([self._tokens, token.astype(mx.uint32)])
+        return token[0]
 
     def verify(self, logits, history, position, drafts):  # pragma: no cover - never speculates
         raise RuntimeError("mlx-lm samplers do not verify drafts")
