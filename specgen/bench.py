@@ -11,15 +11,14 @@ replay predicts for the same outputs under the same cost curve: the gap is the l
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
+from .batch import Prompt, conversation, prompt_rows
 from .decode import generate
 from .errors import InputError
 from .events import Step
@@ -28,7 +27,6 @@ from .simulate import Tally, replay
 from .stats import Counts
 from .timing import Timed, alternate, spread
 
-Prompt = str | list  # a user message, or a conversation (list of {"role", "content"})
 
 _STORY = "Lily had a red ball. She liked to throw the ball to her dog, Max. Max ran fast and " \
          "brought the ball back to her. Lily laughed and said, \"Good dog, Max!\""
@@ -71,45 +69,18 @@ def builtin_sets(chat: bool) -> dict[str, list[Prompt]]:
     return CHAT_SETS if chat else BASE_SETS
 
 
-def _conversation(row: dict, where: str) -> Prompt:
-    if "messages" in row:
-        msgs = row["messages"]
-        if (not isinstance(msgs, list) or not msgs or not all(
-                isinstance(m, dict) and isinstance(m.get("content"), str)
-                and m.get("role") in ("system", "user", "assistant") for m in msgs)
-                or msgs[-1]["role"] != "user"):
-            raise InputError(f"{where}: \"messages\" must be a list of {{\"role\", \"content\"}} "
-                             "ending with a user turn")
-        return msgs
-    if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-        raise InputError(f"{where}: expected {{\"prompt\": \"...\"}} or {{\"messages\": [...]}}")
-    return row["prompt"]
-
-
 def read_prompt_file(path: str) -> dict[str, list[Prompt]]:
     """Prompts from a file: one per line, or JSONL (if its first line is a JSON object, every line
-    must be one): {"prompt": text} or {"messages": [{"role", "content"}...]}, optional "set"."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"no such prompts file: {path}")
-    try:
-        lines = [(n, line) for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-                 if line.strip()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read {path}: {e}") from e
-    jsonl = bool(lines) and lines[0][1].lstrip().startswith("{")
+    must be one) of batch.conversation's rows with an optional "set"; InputError at a bad line."""
     sets: dict[str, list[Prompt]] = {}
-    for n, line in lines:
-        if not jsonl:
-            sets.setdefault("custom", []).append(line)
-            continue
+    for n, row, reason in prompt_rows(path):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{n}: not JSON ({e.msg}); a JSONL prompts file must be JSON on every line") from e
-        if not isinstance(row, dict):
-            raise InputError(f"{path}:{n}: expected a JSON object")
-        sets.setdefault(str(row.get("set", "custom")), []).append(_conversation(row, f"{path}:{n}"))
+            if reason:
+                raise InputError(reason)
+            prompt = conversation(row)
+        except InputError as e:
+            raise InputError(f"{path}:{n}: {e}") from e
+        sets.setdefault(str(row.get("set", "custom")), []).append(prompt)
     if not sets:
         raise InputError(f"{path} holds no prompts")
     return sets
