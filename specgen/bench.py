@@ -27,7 +27,6 @@ from .simulate import Tally, replay
 from .stats import Counts
 from .timing import Timed, alternate, spread
 
-
 _STORY = "Lily had a red ball. She liked to throw the ball to her dog, Max. Max ran fast and " \
          "brought the ball back to her. Lily laughed and said, \"Good dog, Max!\""
 _CODE = '''def moving_average(values, window):

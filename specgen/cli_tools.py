@@ -13,11 +13,8 @@ from .clikit import (
     DTYPE_HELP,
     Notices,
     cli_errors,
-    costs,
     fail,
     launch_group,
-    load,
-    read_memory,
     resolve,
 )
 from .settings import check
@@ -103,11 +100,14 @@ def bench(
     if memory and draft is not None:
         fail("--memory drafts only with the adaptive drafter: leave out --draft")
     sets = read_prompt_file(prompts) if prompts else None  # under mlx.launch, on every machine
-    loaded = load(model, dtype, say, group)
+    from .engine import Engine
+
+    engine = Engine.load(model, dtype=dtype, world=group, notice=say.warn, progress=say.progress)
+    loaded = engine.loaded
     chat = loaded.spec.chat_template and not raw and getattr(loaded.tokenizer, "has_chat_template", False)
     sets = sets or builtin_sets(chat)
-    found = costs(loaded, recalibrate, say, group) if draft is None else None
-    mem = read_memory(loaded, defaults.MAX_ORDER, say)[0] if memory else None
+    found = engine.costs(recalibrate) if draft is None else None
+    mem = engine.memory(defaults.MAX_ORDER) if memory else None
     if mem is not None and not mem.outputs():
         say.warn(f"{loaded.spec.name} has no memory yet; `specgen run --memory` builds it")
     mode = DraftMode("auto" if draft is None else "fixed", defaults.MAX_DRAFT if draft is None else draft,

@@ -1,6 +1,6 @@
 """What every `specgen` command shares: turning library errors into one line and an exit code,
-flag names for the library's setting names, notices on stderr, progress bars, and loading a
-model with its measured verify cost and its memory."""
+flag names for the library's setting names, notices on stderr, progress bars, and the mlx.launch
+group (loading, calibration and memory are the engine's)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import functools
 import os
 import sys
 import traceback
-from pathlib import Path
 
 import click
 import typer
@@ -107,53 +106,6 @@ user_models_file = registry.user_models_file
 
 def resolve(model: str) -> registry.ModelSpec:
     return registry.resolve(model, registry.load_registry(user_models_file()))
-
-
-def load(model: str, dtype: str | None, say: Notices, world=None):
-    """Load a model (see registry.load), saying so in a terminal, and warning of what will not hold."""
-    spec = resolve(model)
-    say.progress(f"loading {spec.name} ...")
-    loaded = registry.load(spec, dtype=dtype, world=world)
-    for w in loaded.warnings:
-        say.warn(w)
-    return loaded
-
-
-def costs(loaded, recalibrate: bool, say: Notices, world=None):
-    """The model's measured verify cost (calibrate.model_costs); it says so while the curve is
-    measured."""
-    from .calibrate import model_costs
-
-    found = model_costs(loaded.model, loaded.calibration_key, loaded.tokenizer, recalibrate=recalibrate, world=world,
-                        before_measuring=lambda: say.progress(
-                            f"measuring how fast {loaded.spec.name} verifies drafts on this machine "
-                            "(once per model; a few seconds) ..."))
-    if found.warning:
-        say.warn(found.warning)
-    if found.off:
-        say(f"speculation off: {found.off}; decoding plainly")
-    return found
-
-
-def read_memory(loaded, ngram_order: int, say: Notices):
-    """(memory, its file): this model's memory, empty if none; an unusable file is a warning."""
-    from . import memory_file
-
-    path = memory_file.memory_path(loaded.key, ngram_order)
-    mem, warning = memory_file.load(path, loaded.key, registry.local_source(loaded.spec.source),
-                                    max_order=ngram_order)
-    if warning:
-        say.warn(warning)
-    return mem, path
-
-
-def save_memory(mem, path, out_ids, say: Notices) -> None:
-    from . import memory_file
-
-    mem.add(out_ids)
-    warning = memory_file.save(mem, path)
-    if warning:
-        say.warn(warning)
 
 
 def launch_group(prompt: str | None, file: str | None, memory: bool):
