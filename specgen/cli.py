@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from . import __version__, cli_tools, defaults, registry
+from .serve import config as serve_config
 from .clikit import (
     DTYPE_HELP,
     EXIT_INTERRUPTED,
@@ -153,6 +154,55 @@ def models(json_out: bool = typer.Option(False, "--json", help="Print the aliase
     console.print(table)
     console.print(f"\nYour own aliases: {user_file}" + ("" if user_file.exists() else " (not created yet)"),
                   style="dim", markup=False)
+
+
+@app.command()
+@cli_errors
+def serve(
+    model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
+                              help="Alias from models.toml, Hugging Face repo id, or local folder."),
+    host: str = typer.Option(serve_config.HOST, "--host", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(serve_config.PORT, "--port", help="Port to listen on."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
+    memory: bool = typer.Option(False, "--memory", help="Learn every response into this model's memory and draft from it."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECGEN_API_KEY", show_default=False,
+                                          help="Require 'Authorization: Bearer KEY' on /v1/ requests."),
+    max_queue: int = typer.Option(serve_config.MAX_QUEUE, "--max-queue", help="Requests that may wait behind the running one; more get 429."),
+    allowed_origins: Optional[list[str]] = typer.Option(None, "--allowed-origins", show_default=False,
+                                                        help="Origins browsers may call from (CORS); repeat for several, '*' for any."),
+    prompt_cache_bytes: int = typer.Option(serve_config.PROMPT_CACHE_BYTES, "--prompt-cache-bytes",
+                                           help="Bytes of model caches kept for later turns of a conversation (0 = none)."),
+    max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens for a request that sets no max_tokens."),
+    draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
+                                        help="As in run: fixed drafts of up to N tokens; 0 = plain decoding. Default: adaptive."),
+    recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure this model's verify-cost curve again."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No request log lines or notices on stderr."),
+):
+    """Serve the model over an OpenAI-compatible HTTP API (chat and text completions), speculating."""
+    import logging
+
+    from .engine import Engine
+    from .serve import ServeConfig, make_server, require_extra
+
+    require_extra()
+    check(max_tokens=max_tokens, draft=draft, dtype=dtype)
+    for name, value, low in (("--port", port, 0), ("--max-queue", max_queue, 0), ("--prompt-cache-bytes", prompt_cache_bytes, 0)):
+        if value < low or (name == "--port" and value > 65535):
+            fail(f"{name} must be {'between 0 and 65535' if name == '--port' else 'at least 0'} (got {value})")
+    if launch_group(None, None, memory) is not None:
+        fail("serve is not supported under mlx.launch yet")
+    say = Notices(quiet)
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        say.warn(f"listening on {host} without --api-key: anyone who can reach this machine can use the model")
+    logging.basicConfig(format="specgen: %(message)s", level=logging.WARNING if quiet else logging.INFO)
+    engine = Engine.load(model, dtype=dtype, notice=say.warn, progress=say)
+    if draft is None:
+        engine.costs(recalibrate)  # once, before the first request
+    config = ServeConfig(model_name=model, max_tokens=max_tokens, draft=draft, memory=memory, api_key=api_key,
+                         max_queue=max_queue, prompt_cache_bytes=prompt_cache_bytes,
+                         allowed_origins=tuple(allowed_origins or ()))
+    say(f"serving {engine.name} on http://{host}:{port}/v1 (OPENAI_BASE_URL=http://{host}:{port}/v1)")
+    make_server(engine, config, host, port, log_level="warning" if quiet else "info").run()
 
 
 app.command()(cli_tools.simulate)

@@ -35,6 +35,7 @@ def generate(
     context_length: int | None = None,
     prompt_cache: list | None = None,
     cached: int = 0,
+    drafter_fed: int = 0,
     selector: Selector = GREEDY,
     queue_after: int | None = None,
     off: str | None = None,
@@ -43,7 +44,8 @@ def generate(
     step; 0: plain decoding); `off` says why not to speculate at all (e.g. cost.unprofitable).
     `prompt_cache` may already hold the first `cached` tokens of `prompt` (an earlier turn of the
     same conversation): only the rest is prefilled, while positions (sampling keys, the context
-    check) and the drafter still see the whole prompt.
+    check) and the drafter still see the whole prompt. Likewise `drafter` may already have been
+    fed the first `drafter_fed` tokens of `prompt` (a server's earlier turn): it gets the rest.
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
     yielded step the cache holds every prompt and emitted token except the last emitted one
@@ -62,6 +64,8 @@ def generate(
         )
     if not 0 <= cached < len(prompt):
         raise ValueError(f"cached must be in [0, {len(prompt)}): the last prompt token is always fed")
+    if not 0 <= drafter_fed <= len(prompt):
+        raise ValueError(f"drafter_fed must be in [0, {len(prompt)}]")
     cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
     rollback = Rollback(cache)
     rollback.fed(cached)
@@ -129,7 +133,7 @@ def generate(
             forward(prompt[start : min(start + PREFILL_CHUNK, len(prompt) - 1)])
             mx.eval([c.state for c in cache])
         if speculation.on:
-            drafter.feed(prompt)
+            drafter.feed(prompt[drafter_fed:])
         yield Prefilled(len(prompt), speculation)
 
         # Plain steps are queued ahead as mlx_lm.generate_step does: always when not speculating,

@@ -78,6 +78,13 @@ class AdaptiveDrafter:
         """How many drafted tokens came from the prediction, and how many of those were accepted."""
         return self.prediction.counts if self.prediction is not None else PredictionCounts(0, 0)
 
+    def continue_with(self, prediction: Sequence[int] = ()) -> None:
+        """Get ready for another request whose prompt continues everything fed so far (a server's
+        next turn): its output starts after the next feed, and `prediction` replaces the last one."""
+        predicted = checked(prediction)
+        self.prediction = Prediction(predicted, self.params) if predicted else None
+        self.copies.start, self.last = None, None
+
     # --- learning ---------------------------------------------------------------------------
 
     def feed(self, tokens: Iterable[int], verdict: Verdict | None = None) -> None:

@@ -22,7 +22,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationResponse
 
 from . import decode, defaults, registry
-from .drafter import make_drafter
+from .drafter import AdaptiveDrafter, make_drafter
 from .events import Prefilled
 from .options import Options
 from .prompts import encode_prompt
@@ -59,6 +59,8 @@ class Request:
     selector: Selector | None = None
     stop_ids: frozenset[int] | None = None
     off: str | None = None  # why not to speculate, decided by the caller
+    drafter: AdaptiveDrafter | None = None  # one already fed the first `drafter_fed` of `ids`
+    drafter_fed: int = 0
 
 
 class Engine:
@@ -136,6 +138,16 @@ class Engine:
                     self.notice(warning)
         self._saved_at = time.monotonic()
 
+    def new_drafter(self, opts: Options, prediction: Sequence[int] | None = None, *, measured: bool = True):
+        """The drafter a generation with `opts` starts from: the adaptive one (drafting from the
+        memory with `opts.memory`, choosing lengths by the measured cost unless not `measured`)
+        unless `opts.draft` fixes the length."""
+        found = self.costs() if measured and opts.draft is None else None
+        return make_drafter(opts.draft, max_order=opts.ngram_order, window=opts.window,
+                            memory=self.memory(opts.ngram_order) if opts.memory and opts.draft is None else None,
+                            cost=found.drafting if found else None,
+                            **({"prediction": prediction} if prediction else {}))
+
     def stream(self, request: Request, stats: RunStats | None = None) -> Iterator[Response]:
         """Generate: one Response per emitted token, the last with a finish_reason. Closing the
         iterator early stops generation (the cache is then left holding prompt and output but
@@ -154,10 +166,11 @@ class Engine:
         prediction = request.prediction
         if isinstance(prediction, str):
             prediction = tokenizer.encode(prediction, add_special_tokens=False) if prediction else None
-        drafter = make_drafter(opts.draft, max_order=opts.ngram_order, window=opts.window,
-                               memory=mem if opts.draft is None else None,
-                               cost=found.drafting if found else None,
-                               **({"prediction": prediction} if prediction else {}))
+        drafter = request.drafter
+        if drafter is not None and opts.draft is None:
+            drafter.continue_with(prediction or ())
+        else:
+            drafter = self.new_drafter(opts, prediction, measured=found is not None)
         mode = DraftMode("auto" if opts.draft is None else "fixed",
                          defaults.MAX_DRAFT if opts.draft is None else opts.draft,
                          found.curve if found else None)
@@ -169,6 +182,7 @@ class Engine:
                           stop_tokens=self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
                           context_length=self.loaded.context_length, prompt_cache=request.prompt_cache,
                           cached=request.cached, selector=selector,
+                          drafter_fed=request.drafter_fed if drafter is request.drafter else 0,
                           queue_after=found.queue_after if found else None, off=off)
         detok = tokenizer.detokenizer
         text = StopText(opts.stop)

@@ -1,0 +1,46 @@
+"""`specgen serve`: an OpenAI-compatible HTTP server over one engine, speculating as `run` does.
+
+FastAPI + uvicorn (the `serve` extra). schema.py checks requests, prompting.py turns them into
+token ids and output text into message parts, worker.py is the one generation thread and its
+queue, cache.py what it keeps across requests, app.py the routes, config.py the settings,
+limits.py the body-size limit. Generation itself is the engine's (engine.py): one way through.
+"""
+
+from __future__ import annotations
+
+from ..errors import SpecgenError
+from .config import ServeConfig
+
+GRACE_S = 5.0  # after Ctrl-C / SIGTERM, how long open responses get to end (their jobs are cancelled)
+
+
+def require_extra() -> None:
+    """A one-line error naming the extra when FastAPI or uvicorn is missing."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise SpecgenError(f"specgen serve needs the 'serve' extra ({e.name} is missing): "
+                           "pip install 'specgen[serve]'") from None
+
+
+def make_server(engine, config: ServeConfig, host: str, port: int, *, log_level: str = "info"):
+    """A uvicorn server for `engine` (not started): `.run()` serves until Ctrl-C / SIGTERM, after
+    which running and waiting requests are cancelled, the worker stops and the memory is saved."""
+    require_extra()
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(engine, config)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            app.state.worker.stop_soon()  # streams end now rather than at the grace period's end
+            super().handle_exit(sig, frame)
+
+    return Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                                 timeout_graceful_shutdown=GRACE_S, lifespan="on"))
+
+
+__all__ = ["ServeConfig", "make_server", "require_extra"]

@@ -1,0 +1,28 @@
+"""The server's settings (`specgen serve`'s flags), each default defined here once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import defaults
+
+HOST = "127.0.0.1"  # loopback unless told otherwise
+PORT = 8080
+MAX_QUEUE = 16  # requests waiting behind the running one; more get 429
+PROMPT_CACHE_BYTES = 4 << 30  # model caches kept for later turns (mlx-lm's LRUPromptCache)
+MAX_BODY_BYTES = 32 << 20  # a request body over this is a 413 (a 70K-token conversation is ~0.3 MB)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `specgen serve` was started with (request fields override per request)."""
+
+    model_name: str  # what /v1/models lists and requests name
+    max_tokens: int = defaults.MAX_TOKENS  # for requests that set no max_tokens
+    draft: int | None = None  # as `run --draft`: None adaptive, 0 plain decoding
+    memory: bool = False  # learn every response into the model's memory, and draft from it
+    api_key: str | None = None
+    max_queue: int = MAX_QUEUE
+    prompt_cache_bytes: int = PROMPT_CACHE_BYTES
+    max_body_bytes: int = MAX_BODY_BYTES
+    allowed_origins: tuple[str, ...] = ()

@@ -1,0 +1,133 @@
+"""From a request to prompt token ids, and from generated text back to OpenAI's message parts.
+
+Chat requests go through the model's chat template with their tools (mlx-lm's tokenizer
+wrapper, as mlx_lm.server does); completions are encoded as mlx-lm encodes a prompt. Generated
+text is split by mlx-lm's TextStateMachine into content, reasoning and tool-call text, and tool
+calls are parsed by the model's mlx-lm tool parser: nothing of this is written again here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import NamedTuple
+
+from mlx_lm.generate import TextStateMachine, make_text_state_machine
+
+from ..engine import Engine
+from ..errors import SpecgenError
+from .schema import ChatRequest, CompletionRequest, bad
+
+_log = logging.getLogger("specgen.serve")
+
+
+def chat_ids(engine: Engine, req: ChatRequest) -> list[int]:
+    """The conversation's token ids, through the chat template (with the tools, if any)."""
+    messages, tools = req.conversation()
+    tokenizer = engine.loaded.tokenizer
+    templated = engine.loaded.spec.chat_template and getattr(tokenizer, "has_chat_template", False)
+    if tools and not (templated and tokenizer.has_tool_calling):
+        raise bad("tools", f"{engine.name} has no tool-calling format that mlx-lm knows (its chat template "
+                           "and vocabulary name none): send the tools in a message instead")
+    try:
+        if templated:
+            ids = list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True))
+        else:
+            ids = engine.encode(messages)
+    except SpecgenError as e:
+        raise bad("messages", str(e)) from None
+    except Exception as e:  # the template's own complaint (roles out of order, ...)
+        raise bad("messages", f"the chat template refused them: {e}") from None
+    return _fits(engine, ids, "messages")
+
+
+def completion_ids(engine: Engine, req: CompletionRequest) -> list[int]:
+    """The prompt's token ids: text encoded as mlx-lm encodes it, or the ids given."""
+    prompt = req.one_prompt()
+    if isinstance(prompt, str):
+        ids = list(engine.loaded.tokenizer.encode(prompt))
+    else:
+        vocab = engine.loaded.config.get("vocab_size") or len(engine.loaded.tokenizer.get_vocab())
+        if any(not 0 <= t < vocab for t in prompt):
+            raise bad("prompt", f"holds token ids outside the vocabulary (0 to {vocab - 1})")
+        ids = list(prompt)
+    return _fits(engine, ids, "prompt")
+
+
+def _fits(engine: Engine, ids: list[int], param: str) -> list[int]:
+    context = engine.loaded.context_length
+    if not ids:
+        raise bad(param, "is empty")
+    if context is not None and len(ids) >= context:
+        over = len(ids) - context + 1
+        raise bad(param, f"is {len(ids)} tokens but {engine.name}'s context is {context} tokens: "
+                                     f"{over} tokens too many (at most {context - 1} fit, leaving one to generate)",
+                  code="context_length_exceeded")
+    return ids
+
+
+class Parts(NamedTuple):
+    """A piece of an assistant message: its text, reasoning text and finished tool calls."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: tuple[dict, ...] = ()
+
+
+class Splitter:
+    """Splits a generation's text into Parts as it comes (mlx-lm's TextStateMachine), parsing
+    each tool call once it is complete."""
+
+    def __init__(self, engine: Engine, prompt: list[int], tools: list[dict] | None):
+        tokenizer = engine.loaded.tokenizer
+        self.tools, self.parser = tools, getattr(tokenizer, "tool_parser", None)
+        special = getattr(tokenizer, "has_thinking", False) or (tools and getattr(tokenizer, "has_tool_calling", False))
+        self.machine = make_text_state_machine(tokenizer) if special else None
+        initial = "normal"
+        if getattr(tokenizer, "has_thinking", False) and tokenizer.rfind_think_start(prompt) > tokenizer.rfind_think_end(prompt):
+            initial = "reasoning"
+        self.state = self.machine.make_state(initial) if self.machine else None
+        self.tool_text = ""
+        self.called = 0  # tool calls made
+
+    def add(self, text: str, last: bool) -> Parts:
+        """The Parts of `text`; `last` flushes what may still have been a control sequence."""
+        if self.machine is None:
+            return Parts(text)
+        self.state, segments = TextStateMachine.split(self.state, text)
+        if last:
+            self.state, held, now = TextStateMachine.flush(self.state)
+            segments.append((now, held))
+        content = reasoning = ""
+        calls: list[dict] = []
+        for state, piece in segments:
+            if state == "tool":
+                self.tool_text += piece
+                continue
+            if self.tool_text:  # the tool call just ended
+                calls, content = self._call(calls, content)
+            if state == "reasoning":
+                reasoning += piece
+            else:
+                content += piece
+        if last and self.tool_text:
+            calls, content = self._call(calls, content)
+        return Parts(content, reasoning, tuple(calls))
+
+    def _call(self, calls: list[dict], content: str) -> tuple[list[dict], str]:
+        text, self.tool_text = self.tool_text, ""
+        try:
+            parsed = self.parser(text, self.tools)
+        except Exception as e:  # a call cut off by max_tokens, or not in the model's format
+            _log.warning("a tool call could not be parsed (%s: %s); it is returned as text", type(e).__name__, e)
+            return calls, content + text
+        for call in parsed if isinstance(parsed, list) else [parsed]:
+            arguments = call.get("arguments", {})
+            calls.append({"index": self.called, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+                          "type": "function",
+                          "function": {"name": call["name"],
+                                       "arguments": arguments if isinstance(arguments, str)
+                                       else json.dumps(arguments, ensure_ascii=False)}})
+            self.called += 1
+        return calls, content

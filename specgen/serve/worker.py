@@ -1,0 +1,167 @@
+"""The one thread that generates: a FIFO queue of jobs in front of the engine.
+
+Speculation is per sequence, so requests run one at a time, each on this thread (the engine's
+decode loop and its cache rewind must run where they started). A job's responses go to its
+`send` callback as they come, then `Finished` (or the exception that ended it). A job whose
+client went away is cancelled within one step, queued or running. One request's failure is
+that request's alone; should the thread itself ever die, `dead` says why, waiting jobs fail at
+once and new ones are refused (the routes answer 503), never a healthy front over a dead worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+from ..engine import Engine, Request
+from ..errors import SpecgenError
+from ..options import Options
+from ..stats import RunStats
+from .cache import DrafterCache, PromptCache
+from .schema import ApiError
+
+_log = logging.getLogger("specgen.serve")
+
+
+class Finished(NamedTuple):
+    """The job is over: `cancelled` (its client left, or the server is stopping) or complete."""
+
+    stats: RunStats
+    cancelled: bool = False
+
+
+@dataclass
+class Job:
+    """One request for the worker: prompt ids, settings, prediction, and where its results go."""
+
+    ids: list[int]
+    options: Options
+    prediction: str | None
+    send: Callable[[object], None]  # called on the worker thread: each Response, then Finished or an error
+    stats: RunStats = field(default_factory=RunStats)  # its clock starts when the job is made
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def deliver(self, item) -> None:
+        try:
+            self.send(item)
+        except Exception:  # the receiving side is gone (its event loop closed): stop working for it
+            self.cancel()
+
+
+def dead_error(reason: str) -> ApiError:
+    return ApiError(503, f"the generation worker has stopped ({reason}); restart the server",
+                    code="worker_dead", kind="server_error")
+
+
+class Worker:
+    """A generation thread and its queue of at most `max_queue` waiting jobs."""
+
+    def __init__(self, engine: Engine, *, max_queue: int, prompt_cache_bytes: int):
+        self.engine, self.max_queue = engine, max_queue
+        self.prompts = PromptCache(engine.loaded.model, prompt_cache_bytes)
+        self.drafters = DrafterCache()
+        self._jobs: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self.dead: str | None = None  # why the thread ended, if it ever does outside stop()
+        self.running: Job | None = None
+        self.served = self.cancelled = self.failed = 0
+        self._thread = threading.Thread(target=self._run, name="specgen-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        return len(self._jobs)
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`; ApiError 429 when the queue is full, 503 when the worker cannot take it."""
+        with self._cond:
+            if self.dead is not None:
+                raise dead_error(self.dead)
+            if self._stopping:
+                raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error")
+            if len(self._jobs) >= self.max_queue:
+                raise ApiError(429, f"{len(self._jobs)} requests are already waiting (--max-queue "
+                                    f"{self.max_queue}); try again shortly", code="queue_full",
+                               kind="rate_limit_error")
+            self._jobs.append(job)
+            self._cond.notify()
+
+    def stop_soon(self) -> None:
+        """Refuse new jobs and cancel the running one and every waiting one (returns at once)."""
+        with self._cond:
+            self._stopping = True
+            for job in (*self._jobs, *([self.running] if self.running else [])):
+                job.cancel()
+            self._cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """stop_soon, then wait for the thread to end."""
+        self.stop_soon()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._jobs and not self._stopping:
+                        self._cond.wait()
+                    if not self._jobs:
+                        return
+                    job = self.running = self._jobs.popleft()
+                try:
+                    self._serve(job)
+                except Exception as e:  # this request's failure, reported to it alone
+                    self.failed += 1
+                    if not isinstance(e, (ApiError, SpecgenError)):
+                        _log.exception("a request failed")
+                    job.deliver(e)
+                finally:
+                    self.running = None
+        except BaseException as e:
+            self.dead = f"{type(e).__name__}: {e}"
+            _log.critical("the generation worker died: %s", self.dead)
+            raise
+        finally:
+            with self._cond:
+                left, self._jobs = list(self._jobs), deque()
+            for job in left:
+                job.deliver(dead_error(self.dead) if self.dead else Finished(job.stats, cancelled=True))
+
+    def _serve(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            self.cancelled += 1
+            job.deliver(Finished(job.stats, cancelled=True))
+            return
+        opts, stats = job.options, job.stats
+        cache, cached = self.prompts.fetch(job.ids)
+        settings = (opts.ngram_order, opts.window, opts.memory)
+        drafter, fed = self.drafters.take(job.ids, settings) if opts.draft is None else (None, 0)
+        if drafter is None and opts.draft is None:
+            drafter = self.engine.new_drafter(opts)
+        stream = self.engine.stream(Request(job.ids, opts, prompt_cache=cache, cached=cached,
+                                            prediction=job.prediction, drafter=drafter, drafter_fed=fed), stats)
+        try:
+            for response in stream:
+                job.deliver(response)
+                if job.cancelled.is_set():
+                    break
+        finally:
+            stream.close()  # here, on this thread: the decode loop rewinds the cache
+        # The cache holds the prompt and output but the last token (Engine.stream).
+        self.prompts.store((job.ids + stats.output_ids)[:-1], cache)
+        if drafter is not None:
+            self.drafters.put(drafter, settings)
+        cancelled = job.cancelled.is_set() and stats.stop_reason is None
+        self.cancelled += cancelled
+        self.served += not cancelled
+        job.deliver(Finished(stats, cancelled))
