@@ -25,12 +25,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..engine import Engine, Response
-from ..errors import SpecgenError
+from ..errors import SettingError, SpecgenError
 from .config import ServeConfig
 from .limits import BodyLimit
 from .prompting import Splitter, chat_ids, completion_ids
-from .schema import ApiError, ChatRequest, CompletionRequest, Generation
-from .worker import Finished, Job, Worker
+from .schema import FIELDS, ApiError, ChatRequest, CompletionRequest, Generation, bad
+from .worker import Job, Worker, stopping_error
 
 _log = logging.getLogger("specgen.serve")
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait
@@ -233,6 +233,8 @@ async def _answer(request: HttpRequest, worker: Worker, shape: Shape, ids: list[
                 if isinstance(item, Exception):
                     raise _as_api_error(item)
                 _log_line(shape, item.stats, item.cancelled)
+                if item.cancelled:  # its client is gone, or the server is stopping
+                    raise stopping_error()
                 break
         finally:
             watcher.cancel()
@@ -255,6 +257,7 @@ async def _answer(request: HttpRequest, worker: Worker, shape: Shape, ids: list[
                 stats = item.stats
                 _log_line(shape, stats, item.cancelled)
                 if item.cancelled:
+                    yield _sse(stopping_error().body())
                     return
                 final = shape.chunk(finish=_finish(shape, splitter, stats))
                 final["specgen"] = specgen_stats(stats)
@@ -277,6 +280,8 @@ def _sse(payload: dict) -> str:
 def _as_api_error(e: Exception) -> ApiError:
     if isinstance(e, ApiError):
         return e
+    if isinstance(e, SettingError):
+        return bad(FIELDS.get(e.param, e.param), e.naming("").strip())
     if isinstance(e, SpecgenError):
         return ApiError(400, str(e))
     return ApiError(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")

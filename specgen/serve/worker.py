@@ -54,6 +54,10 @@ class Job:
             self.cancel()
 
 
+def stopping_error() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error")
+
+
 def dead_error(reason: str) -> ApiError:
     return ApiError(503, f"the generation worker has stopped ({reason}); restart the server",
                     code="worker_dead", kind="server_error")
@@ -87,7 +91,7 @@ class Worker:
             if self.dead is not None:
                 raise dead_error(self.dead)
             if self._stopping:
-                raise ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error")
+                raise stopping_error()
             if len(self._jobs) >= self.max_queue:
                 raise ApiError(429, f"{len(self._jobs)} requests are already waiting (--max-queue "
                                     f"{self.max_queue}); try again shortly", code="queue_full",
@@ -125,17 +129,18 @@ class Worker:
                     if not isinstance(e, (ApiError, SpecgenError)):
                         _log.exception("a request failed")
                     job.deliver(e)
-                finally:
-                    self.running = None
+                self.running = None
         except BaseException as e:
             self.dead = f"{type(e).__name__}: {e}"
             _log.critical("the generation worker died: %s", self.dead)
+            if self.running is not None:
+                self.running.deliver(dead_error(self.dead))
             raise
         finally:
             with self._cond:
                 left, self._jobs = list(self._jobs), deque()
             for job in left:
-                job.deliver(dead_error(self.dead) if self.dead else Finished(job.stats, cancelled=True))
+                job.deliver(dead_error(self.dead) if self.dead else stopping_error())
 
     def _serve(self, job: Job) -> None:
         if job.cancelled.is_set():

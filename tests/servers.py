@@ -1,0 +1,34 @@
+"""Starting a real specgen server in tests: uvicorn on a free loopback port, in a thread, always stopped."""
+
+import contextlib
+import threading
+import time
+
+import openai
+
+from specgen.serve import ServeConfig, make_server
+
+
+@contextlib.contextmanager
+def running(engine, **settings):
+    """Serve `engine` on 127.0.0.1 (a port the OS picks); yields (base URL, the app's worker)."""
+    config = ServeConfig(**{"model_name": "demo", **settings})
+    server = make_server(engine, config, "127.0.0.1", 0, log_level="warning")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}", server.config.app.state.worker
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+def client(url: str, **kw) -> openai.OpenAI:
+    """The official client, as an application would point it at the server."""
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)

@@ -1,0 +1,138 @@
+"""`specgen serve` against the official openai client: a real uvicorn server on a loopback port.
+
+The text a client gets is the text `specgen run` prints (streamed or not); seeded sampling is the
+same with speculation off; a perfect prediction is accepted; a second turn reuses the prompt
+cache and still gets the text it would get without it; eight clients at once each get their own
+text; a client that leaves has its request cancelled and the next one is served.
+"""
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from servers import client, running
+from typer.testing import CliRunner
+
+import specgen
+from specgen import calibrate
+from specgen.cli import app
+from specgen.engine import Engine
+
+ONCE = "Once upon a time"
+PROMPTS = ["Once upon a time", "Lily and Ben went to the park", "The little dog was sad", "Tom had a red ball",
+           "One day, a bird", "Sue liked to bake", "The sun was hot", "Max saw a big tree"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(calibrate, "BUDGET_S", 0.5)
+        e = Engine.load("demo")
+        e.costs()
+    return e
+
+
+@pytest.fixture(scope="module")
+def served(engine):
+    with running(engine) as (url, worker):
+        yield url, worker
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return specgen.load("demo")
+
+
+def ask(c, prompt, **kw):
+    kw.setdefault("max_tokens", 48)
+    return c.chat.completions.create(model="demo", messages=[{"role": "user", "content": prompt}], **kw)
+
+
+def streamed(c, prompt, **kw):
+    chunks = list(ask(c, prompt, stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    return text, chunks
+
+
+def test_plain_streamed_and_completions_equal_specgen_run(served):
+    c = client(served[0])
+    whole = ask(c, ONCE, max_tokens=64)
+    text, chunks = streamed(c, ONCE, max_tokens=64)
+    completion = c.completions.create(model="demo", prompt=ONCE, max_tokens=64)
+    run = CliRunner().invoke(app, ["run", "-m", "demo", "-n", "64", "--json", ONCE])
+    assert run.exit_code == 0, run.output
+    assert whole.choices[0].message.content == text == completion.choices[0].text == json.loads(run.stdout)["text"]
+    assert whole.choices[0].finish_reason == chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 64
+    assert whole.model_extra["specgen"]["speculation"] == "on: trim"
+
+
+def test_seeded_sampling_is_the_same_with_speculation_off(served, demo):
+    c = client(served[0])
+    got = [ask(c, p, temperature=0.9, top_p=0.95, seed=11, max_tokens=40).choices[0].message.content for p in PROMPTS[:2]]
+    off = [specgen.generate(*demo, p, max_tokens=40, temp=0.9, top_p=0.95, seed=11, draft=0) for p in PROMPTS[:2]]
+    assert got == off
+    assert got[0] != ask(c, PROMPTS[0], temperature=0.9, top_p=0.95, seed=12, max_tokens=40).choices[0].message.content
+
+
+def test_a_perfect_prediction_is_accepted_and_changes_nothing(served):
+    c = client(served[0])
+    first = ask(c, PROMPTS[2], max_tokens=96)
+    text = first.choices[0].message.content
+    again = ask(c, PROMPTS[2], max_tokens=96, prediction={"type": "content", "content": text})
+    assert again.choices[0].message.content == text
+    details = again.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens >= 48
+    assert again.model_extra["specgen"]["tokens_per_step"] >= 4
+    wrong = ask(c, PROMPTS[2], max_tokens=96, prediction={"type": "content", "content": [{"type": "text", "text": "The end."}]})
+    assert wrong.choices[0].message.content == text
+
+
+def test_the_next_turn_is_served_from_the_prompt_cache(served, demo):
+    c = client(served[0])
+    reply = c.completions.create(model="demo", prompt=PROMPTS[3], max_tokens=32).choices[0].text
+    longer = f"{PROMPTS[3]}{reply} Then"
+    turn = c.completions.create(model="demo", prompt=longer, max_tokens=32)
+    assert turn.usage.prompt_tokens_details.cached_tokens >= turn.usage.prompt_tokens - 4
+    assert turn.choices[0].text == specgen.generate(*demo, longer, max_tokens=32)
+
+
+def test_eight_clients_at_once_each_get_their_own_text(served, demo):
+    expected = [specgen.generate(*demo, p, max_tokens=24) for p in PROMPTS]
+    got = [None] * len(PROMPTS)
+
+    def one(i):
+        got[i] = ask(client(served[0]), PROMPTS[i], max_tokens=24).choices[0].message.content
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == expected
+
+
+def _settled(worker, cancelled, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while (worker.running is not None or worker.cancelled < cancelled) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return worker.running is None and worker.cancelled == cancelled
+
+
+def test_a_client_that_leaves_is_cancelled_streaming_or_not(served):
+    url, worker = served
+    before = worker.cancelled
+    body = {"model": "demo", "messages": [{"role": "user", "content": ONCE}], "max_tokens": 100000, "stream": True}
+    with httpx.Client(timeout=30) as h:
+        with h.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            for _ in range(6):
+                next(lines)
+        assert _settled(worker, before + 1)  # well before the 500 tokens the context allows
+        with pytest.raises(httpx.ReadTimeout):
+            h.post(f"{url}/v1/chat/completions", json={**body, "stream": False}, timeout=0.3)
+        assert _settled(worker, before + 2)
+    c = client(url)
+    assert ask(c, ONCE, max_tokens=8).choices[0].finish_reason == "length"

@@ -1,0 +1,214 @@
+"""`specgen serve` under bad input and failure: every bad request gets its OpenAI-shaped 4xx naming
+the field, the key is enforced, the queue is bounded, a dead worker is never hidden behind a
+healthy front, and the command stops cleanly on SIGTERM, saving what its memory learnt."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from servers import client, running
+
+from specgen import calibrate
+from specgen.engine import Engine
+
+MSG = [{"role": "user", "content": "Once upon a time"}]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(calibrate, "BUDGET_S", 0.5)
+        e = Engine.load("demo")
+        e.costs()
+    return e
+
+
+@pytest.fixture(scope="module")
+def served(engine):
+    with running(engine, max_body_bytes=64_000) as (url, worker):
+        yield url
+
+
+BAD = [  # (body, status, param, words in the message)
+    ({"model": "demo", "messages": MSG, "temperature": -1}, 400, "temperature", "0 (greedy) or more"),
+    ({"model": "demo", "messages": MSG, "max_tokens": 0}, 400, "max_tokens", "at least 1"),
+    ({"model": "demo", "messages": MSG, "max_completion_tokens": "many"}, 400, "max_completion_tokens", "integer"),
+    ({"model": "demo", "messages": MSG, "top_p": 1.5}, 400, "top_p", "between 0 and 1"),
+    ({"model": "demo", "messages": MSG, "seed": -3}, 400, "seed", "between 0"),
+    ({"model": "demo", "messages": MSG, "stop": [""]}, 400, "stop", "non-empty"),
+    ({"model": "demo", "messages": MSG, "n": 2}, 400, "n", "not supported"),
+    ({"model": "demo", "messages": MSG, "logprobs": True}, 400, "logprobs", "not supported"),
+    ({"model": "demo", "messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format", "not supported"),
+    ({"model": "demo", "messages": MSG, "tool_choice": {"type": "function", "function": {"name": "f"}}}, 400, "tool_choice", "function"),
+    ({"model": "demo", "messages": MSG, "frobnicate": 1}, 400, "frobnicate", "not a field"),
+    ({"model": "demo", "messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream is true"),
+    ({"model": "demo", "messages": MSG, "prediction": {"type": "image", "content": "x"}}, 400, "prediction.type", "'content'"),
+    ({"model": "demo", "messages": "hi"}, 400, "messages", "list"),
+    ({"model": "demo", "messages": []}, 400, "messages", "at least 1"),
+    ({"model": "demo", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", "'user'"),
+    ({"model": "demo", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
+     "messages[0].content", ""),
+    ({"messages": MSG}, 400, "model", "required"),
+    ({"model": "demo", "messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
+     "no tool-calling"),
+    ({"model": "demo", "messages": [{"role": "user", "content": "Once upon a time " * 200}]}, 400, "messages",
+     "tokens too many"),
+    ({"model": "gpt-4o", "messages": MSG}, 404, "model", "not 'gpt-4o'"),
+]
+
+
+@pytest.mark.parametrize("body,status,param,words", BAD, ids=[f"{b[2]}-{i}" for i, b in enumerate(BAD)])
+def test_each_bad_chat_request_gets_its_status_naming_the_field(served, body, status, param, words):
+    r = httpx.post(f"{served}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"] and error["type"]
+
+
+@pytest.mark.parametrize("body,param", [({"model": "demo", "prompt": ["a", "b"]}, "prompt"),
+                                        ({"model": "demo", "prompt": [1, 100000]}, "prompt"),
+                                        ({"model": "demo", "prompt": ""}, "prompt"),
+                                        ({"model": "demo", "prompt": "x", "echo": True}, "echo"),
+                                        ({"model": "demo", "prompt": "x", "best_of": 3}, "best_of")])
+def test_each_bad_completion_request_is_a_400(served, body, param):
+    r = httpx.post(f"{served}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_malformed_json_and_a_body_over_the_limit(served):
+    r = httpx.post(f"{served}/v1/chat/completions", content=b'{"model": "demo", "messages": [', timeout=30,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{served}/v1/chat/completions", json={"model": "demo", "messages": MSG, "user": "x" * 70_000})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_the_official_client_sees_a_bad_request_error(served):
+    with pytest.raises(openai.BadRequestError) as e:
+        client(served).chat.completions.create(model="demo", messages=MSG, temperature=-1)
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.NotFoundError):
+        client(served).chat.completions.create(model="gpt-4o", messages=MSG)
+
+
+def test_the_api_key_is_required_when_set(engine):
+    with running(engine, api_key="sesame") as (url, _):
+        with pytest.raises(openai.AuthenticationError):
+            client(url).models.list()
+        with pytest.raises(openai.AuthenticationError):
+            client(url, api_key="wrong").models.list()
+        assert [m.id for m in client(url, api_key="sesame").models.list()] == ["demo"]
+        assert httpx.get(f"{url}/health").status_code == 200  # health needs no key
+
+
+def _held(engine, monkeypatch) -> threading.Event:
+    """Make the engine's generations wait until the returned event is set."""
+    release, real = threading.Event(), engine.stream
+
+    def held(request, stats=None):
+        release.wait(30)
+        yield from real(request, stats)
+
+    monkeypatch.setattr(engine, "stream", held)
+    return release
+
+
+def _wait(condition):
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_full_queue_answers_429_with_retry_after(engine, monkeypatch):
+    release = _held(engine, monkeypatch)
+    body = {"model": "demo", "messages": MSG, "max_tokens": 4}
+    results = []
+    with running(engine, max_queue=1) as (url, worker):
+        threads = [threading.Thread(target=lambda: results.append(
+            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code)) for _ in range(2)]
+        threads[0].start()
+        _wait(lambda: worker.running is not None)
+        threads[1].start()
+        _wait(lambda: worker.queued == 1)
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        release.set()
+        for t in threads:
+            t.join(30)
+    assert results == [200, 200]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_worker_is_reported_and_fails_waiting_requests_at_once(engine, monkeypatch):
+    release = _held(engine, monkeypatch)
+    held = engine.stream
+
+    def dies(request, stats=None):
+        for response in held(request, stats):
+            raise SystemExit("simulated crash")  # escapes the per-request handler, as nothing should
+            yield response
+
+    monkeypatch.setattr(engine, "stream", dies)
+    results = {}
+
+    def post(name, url):
+        results[name] = httpx.post(f"{url}/v1/chat/completions", json={"model": "demo", "messages": MSG}, timeout=30)
+
+    with running(engine) as (url, worker):
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+        threads = [threading.Thread(target=post, args=(n, url)) for n in ("running", "waiting")]
+        threads[0].start()
+        _wait(lambda: worker.running is not None)
+        threads[1].start()
+        _wait(lambda: worker.queued == 1)
+        release.set()
+        for t in threads:
+            t.join(10)
+        assert [results[n].status_code for n in ("running", "waiting")] == [503, 503]
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 503 and "simulated crash" in health.json()["error"]
+        after = httpx.post(f"{url}/v1/chat/completions", json={"model": "demo", "messages": MSG}, timeout=5)
+        assert after.status_code == 503 and after.json()["error"]["code"] == "worker_dead"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_command_serves_and_stops_cleanly_on_sigterm_saving_its_memory(tmp_path):
+    port = _free_port()
+    env = {**os.environ, "SPECGEN_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", "demo", "--port", str(port), "--memory",
+                             "--draft", "4"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        r = client(f"http://127.0.0.1:{port}").chat.completions.create(model="demo", messages=MSG, max_tokens=64)
+        assert r.usage.completion_tokens == 64
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once shut down
+    finally:
+        proc.kill()
+    log = proc.stderr.read()
+    assert "1 prompt tokens" not in log and "tokens/step" in log  # one line per request
+    assert "Application shutdown complete" in log
+    assert len(list(Path(tmp_path).rglob("*.npz"))) == 1, log  # the memory, saved on the way out
