@@ -19,7 +19,7 @@ from typing import NamedTuple
 from .params import DrafterParams
 
 # Rescaling groups whose counts live with the memory (they carry over between requests).
-MEMORY_GROUPS = ("memory", "mcopy")
+MEMORY_GROUPS = ("memory", "mcopy", "turn")  # "turn": with a memory only
 NGRAM_GROUPS = ("ngram", "ngram1")  # shrunk by ngram_shrink; the others by shrink
 
 
@@ -28,7 +28,7 @@ class Evidence(NamedTuple):
 
     kind: str  # "copy", "mcopy" (memory's), "realign", "subst", "ngram", "ngram1" (seen once), "memory",
     # "recycled" (the target's own earlier prediction after the same token), "predicted" (a copy
-    # from the caller's predicted output)
+    # from the caller's predicted output), "turn" (the start of an earlier turn, see copies.py)
     prior: float
     odds: float  # prior / (1 - prior)
     group: str  # the rescaling it shares: its kind, but "long" copies apart and realign with copies
@@ -55,6 +55,7 @@ class EvidenceTable:
     subst: Evidence
     recycled: Evidence
     ngram: tuple  # [kind: own 0 / own and seen once 1 / memory 2][order 2..4 - 2][share 0..2][count 1..4+ - 1]
+    turn: tuple  # [share of earlier turns that began alike: < 0.5, < 0.8, more]
 
     def copy_at(self, match: int, *, agree: bool = True, cont: bool = False, own: bool = True) -> Evidence:
         """The evidence of a copied token whose backward match is `match` tokens long."""
@@ -89,7 +90,8 @@ def evidence_for(params: DrafterParams) -> EvidenceTable:
     bucket_of = tuple(next((i for i, bound in enumerate(params.copy_bounds) if m < bound), last)
                       for m in range(params.match_cap + 2))
     return EvidenceTable(copy, bucket_of, realign, predicted_realign, _evidence("subst", params.subst_prior),
-                         _evidence("recycled", params.recycled_prior), ngram)
+                         _evidence("recycled", params.recycled_prior), ngram,
+                         tuple(_evidence("turn", q) for q in params.turn_prior))
 
 
 @dataclass(slots=True)

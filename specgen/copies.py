@@ -10,8 +10,8 @@ drafted, and what the request's copies have taught it.
 - `Hazards`: tokens after which the request's copies keep breaking (where the output inserts
   lines), after which copying on is judged less likely.
 - `Copies`: the request's copy state, finding a `CopySource` each step: the longest match in the
-  request's text or memory's, else the start of a rewrite of the prompt, else a realignment
-  after a broken copy.
+  request's text or memory's, else an earlier turn that began as the output did (turns.py), else
+  the start of a rewrite of the prompt, else a realignment after a broken copy.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from .ngram import context_keys
 from .params import DrafterParams
+from .turns import Turns
 
 
 class CopyIndex:
@@ -40,22 +41,33 @@ class CopyIndex:
                 del where[0]
 
 
+_NOWHERE = -(1 << 62)  # a `skip` that is no position
+
+
 def longest_match(seq: list[int], candidates, toks: list[int], subst: dict[int, int] | None,
-                  params: DrafterParams) -> tuple[int, int] | None:
+                  params: DrafterParams, skip: int = -1) -> tuple[int, int] | None:
     """(position, match length) of the candidate position in `seq` whose preceding tokens match
     the end of `toks` the longest (at least copy_key, at most match_cap); a token of `seq` that
-    the output substitutes (`subst`: source token -> output's) matches its substitute."""
+    the output substitutes (`subst`: source token -> output's) matches its substitute, and the
+    token of `toks` at `skip` (the output's first, which tokenizers spell apart) matches any."""
     n = len(toks)
     cap, best = params.match_cap, None
+    if not 0 <= skip < n:
+        skip = _NOWHERE
     if not subst:
         # A candidate counts only if it beats the best so far: its farthest token, then one
         # slice comparison (in C), rule out most; only a winner is measured token by token.
+        j = skip - n  # where the skipped token stands, from the end (negative)
         for p in candidates:
             m = params.copy_key if best is None else best[1] + 1
-            if (m > p or m > n or m > cap or seq[p - m] != toks[n - m]
-                    or seq[p - m:p] != toks[n - m:]):
+            if m > p or m > n or m > cap:
                 continue
-            while m < cap and p - 1 - m >= 0 and seq[p - 1 - m] == toks[n - 1 - m]:
+            if n - m > skip:
+                if seq[p - m] != toks[n - m] or seq[p - m:p] != toks[n - m:]:
+                    continue
+            elif seq[p - m:p + j] != toks[n - m:skip] or seq[p + j + 1:p] != toks[skip + 1:]:
+                continue
+            while m < cap and p - 1 - m >= 0 and (seq[p - 1 - m] == toks[n - 1 - m] or n - 1 - m == skip):
                 m += 1
             best = (p, m)
         return best
@@ -63,7 +75,7 @@ def longest_match(seq: list[int], candidates, toks: list[int], subst: dict[int, 
         m = 0
         while m < cap and p - 1 - m >= 0:
             a, b = seq[p - 1 - m], toks[n - 1 - m]
-            if a != b and subst.get(a) != b:
+            if a != b and subst.get(a) != b and n - 1 - m != skip:
                 break
             m += 1
         if m >= params.copy_key and (best is None or m > best[1]):
@@ -168,7 +180,8 @@ class CopySource(NamedTuple):
     tokens: list[int]  # the request's own tokens, or memory's stream
     pos: int  # position in `tokens` of the first token to draft
     how: str  # "match" (found by its context), "start" (the output's start found once in the
-    # prompt), "trusted" (a match the output has followed since it began) or "realign"
+    # prompt, or an earlier turn that began as it did), "turn" (an earlier turn, before the
+    # output's second token), "trusted" (a match the output has followed since it began) or "realign"
     match: int  # the backward match ("match", "start"); 0 for "trusted" and "realign"
     own: bool  # the request's own tokens (it may substitute, and repeats its draft past the end)
     end: int  # copying stops here (own copies then repeat what they drafted)
@@ -192,6 +205,7 @@ class Copies:
         self.start: int | None = None  # where the output begins: tokens fed before the first draft
         self._anchor: int | None = None  # source position aligned with the end, while copying
         self._realign: _Realign | None = None  # after a broken copy
+        self.turns: Turns | None = None  # where the output's context went on before (turns.py)
 
     def advance(self, tokens: list[int]) -> None:
         """The output grew by `tokens` (before they are appended): move along with it."""
@@ -223,20 +237,29 @@ class Copies:
     def find(self, keys: list[int], memory=None) -> CopySource | None:
         """The source to copy from, given the keys of the current context (see `context_keys`):
         the longest match in the request's own text (read through the substitutions the output
-        makes) or in memory's (searched only when the request's own match is short), else, while
-        the output is too short for a key, where the prompt has what it wrote, else a
-        realignment after a broken copy."""
+        makes and past the output's first token, which tokenizers spell apart) or in memory's
+        (searched only when the request's own match is short), else, while the output is too
+        short for a key, where an earlier turn that began as the output did went on, or where the
+        prompt has what it wrote, else a realignment after a broken copy."""
         toks, p = self.tokens, self.params
         if len(toks) < p.copy_key:
             return None
         key = keys[p.copy_key]
         found = self.index.where.get(key)
-        best = longest_match(toks, found, toks, self.substitutions.forward, p) if found else None
+        out = len(toks) - self.start
+        if out == 0 and self.turns is None:
+            self.turns = Turns(toks, found or (), p.match_cap)
+        # Past the output's first token only where earlier turns began in the output's context.
+        skip = self.start if self.turns else -1
+        best = longest_match(toks, found, toks, self.substitutions.forward, p, skip) if found else None
         back = self.substitutions.back
         if best is None and back and any(t in back for t in toks[-p.copy_key:]):
             ctx = [back.get(t, t) for t in toks[-p.copy_key:]]  # the context as the source has it
             best = longest_match(toks, self.index.where.get(context_keys(ctx, p.copy_key)[p.copy_key], ()),
-                                 toks, self.substitutions.forward, p)
+                                 toks, self.substitutions.forward, p, skip)
+        how = "match"
+        if best is None and 0 < out <= p.copy_key and self.turns:
+            best, how = self.turns.follow(toks, self.start), "turn" if out == 1 else "start"
         if memory is not None and (best is None or best[1] < p.agree_below):
             found = memory.index.where.get(key)
             mem = longest_match(memory.stream, found, toks, None, p) if found else None
@@ -245,8 +268,7 @@ class Copies:
                 return CopySource(memory.stream, pos, "match", match, False, memory.output_end(pos))
         if best is not None:
             pos, match = best
-            return self._own(pos, match, "match")
-        out = len(toks) - self.start
+            return self._own(pos, match, how)
         if p.start_slack < out <= p.copy_key:
             # Too little output for a key: what it has written (but its first start_slack
             # tokens), found once in the prompt, may be the start of a rewrite.

@@ -70,6 +70,8 @@ class AdaptiveDrafter:
         self.last: Draft | None = None  # the last draft, until the loop's verdict on it
         self.recycled: dict[int, int] = {}  # token -> the target's latest choice after it
         self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, params, memory).guess
+        self._copy_memory = memory  # memory's stream, for copies (None where the prompt holds it)
+        self._respell: dict[int, int] = {}  # the prompt's spelling of an output's first token -> the output's
         predicted = checked(prediction)
         self.prediction = Prediction(predicted, params) if predicted else None
 
@@ -129,7 +131,8 @@ class AdaptiveDrafter:
         for i in range(n + verdict.rejected):
             ev, hit = last.evidence[i], i < n
             # Memory's acceptance lives with the memory: it carries over between requests.
-            (self.memory.acceptance if ev.group in MEMORY_GROUPS else self.acceptance).record(ev, hit)
+            (self.memory.acceptance if ev.group in MEMORY_GROUPS and self.memory is not None
+             else self.acceptance).record(ev, hit)
             if ev.kind in _HAZARD_KINDS:
                 self.copies.hazards.record(prev, not hit)
             prev = last.tokens[i]
@@ -163,6 +166,8 @@ class AdaptiveDrafter:
             self.copies.start = len(toks)
             if self.prediction is not None:  # it sits between the prompt and the output
                 self.prediction.begin(toks)
+            if self.memory is not None:
+                self._in_session(self.memory.respellings(toks, self.copies.index))
         if room <= 0:
             return None
         table = self._table
@@ -171,7 +176,7 @@ class AdaptiveDrafter:
         keys = context_keys(toks, self._hashed)  # of the context the first draft follows
         if self._list_keys:  # the next feed's keys are these
             self._keys = (len(toks), keys)
-        copy = self.copies.find(keys, self.memory)
+        copy = self.copies.find(keys, self._copy_memory)
         if self.prediction is not None:
             copy = self.prediction.find(keys, toks, copy)
         guess = None
@@ -186,6 +191,17 @@ class AdaptiveDrafter:
         del made.tokens[k:], made.evidence[k:]
         return made
 
+    def _in_session(self, respell: dict[int, int] | None) -> None:
+        """Where the prompt already holds memory's newest output (an agent's next turn), memory's
+        n-grams and copies would count that conversation twice: only what the prompt cannot tell
+        is taken from it, how this model's outputs spell their first token (`respell`), and how
+        often its turns begin as earlier ones did (memory's acceptance of "turn" evidence)."""
+        if respell is None:
+            return
+        self._respell = respell
+        self._copy_memory = None
+        self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, self.params).guess
+
     def _candidates(self, keys: list[int] | None, made: Draft, guess: Guess | None) -> Iterator[float]:
         """Each next candidate's acceptance chance, after appending it (and its evidence) to `made`;
         a copy gives way to the n-gram tables where they disagree and are likelier. `guess`: the
@@ -199,6 +215,8 @@ class AdaptiveDrafter:
             seq, pos, end, own = src.tokens, src.pos, src.end, src.own
             predicted = src.how == PREDICTED or src.how == PREDICTED_REALIGN
             realign = src.how == "realign" or src.how == PREDICTED_REALIGN
+            turn = src.how == "turn"  # its first token is a guess that this turn begins as that one
+            respell = self._respell if own and len(self.tokens) == self.copies.start else None
             realigned = table.predicted_realign if predicted else table.realign
             last_realign = len(realigned) - 1
             match = p.match_cap + 1 if src.how == "trusted" else src.match
@@ -219,7 +237,14 @@ class AdaptiveDrafter:
                 else:
                     return
                 alt, agree = None, True
-                if subst and at < end and tok in subst:
+                if turn and i == 0:  # the tables, knowing the output's first token, may know better
+                    share = self.copies.turns.share
+                    ev = table.turn[2 if share >= 0.8 else 1 if share >= 0.5 else 0]
+                    alt = self._ngram(keys or context_keys(ctx, order))
+                    agree = alt is None or alt.token == tok
+                elif respell and i == 0 and tok in respell:  # the output's first token
+                    tok, ev = respell[tok], by_bucket[bucket_of[match if match < top else top]][1][cont]
+                elif subst and at < end and tok in subst:
                     tok, ev = subst[tok], table.subst
                 elif realign:
                     ev = realigned[i if i < last_realign else last_realign]
@@ -229,7 +254,8 @@ class AdaptiveDrafter:
                         alt = self._ngram(keys or context_keys(ctx, order))
                         agree = alt is None or alt.token == tok
                     ev = by_bucket[bucket_of[m if m < top else top]][agree][cont]  # table.copy_at, inlined
-                q = q_of(ev)
+                q = q_of(ev) if not (turn and i == 0) else (
+                    self.memory.acceptance if self.memory is not None else self.acceptance).q(ev)
                 if ev.kind in _HAZARD_KINDS and ctx[-1] in hazards.after:
                     factor = hazards.odds(ctx[-1])
                     if factor < 1.0:

@@ -14,7 +14,7 @@ from bisect import bisect_right
 from . import defaults
 from .acceptance import Acceptance, Judged
 from .copies import CopyIndex
-from .ngram import keys_along
+from .ngram import context_keys, keys_along
 from .params import PARAMS, DrafterParams
 from .predictor import NGramPredictor
 
@@ -62,6 +62,30 @@ class NGramMemory:
     def outputs(self) -> int:
         """How many earlier outputs the stream holds."""
         return len(self._starts)
+
+    def respellings(self, toks: list[int], index: CopyIndex, newest: int = 8) -> dict[int, int] | None:
+        """Whether the request (`toks`, its copy index) continues the conversation of this memory's
+        newest output, as an agent's next turn does: its prompt then holds that output verbatim
+        but for the first token, which the output spells apart (a leading space). If it does,
+        {the prompt's spelling of an output's first token: the output's own}, from the newest
+        outputs the prompt holds; else None (memory then drafts as usual)."""
+        key, found = self.params.copy_key, {}
+        for i in range(len(self._starts) - 1, max(len(self._starts) - 1 - newest, -1), -1):
+            s = self._starts[i]
+            e = self._starts[i + 1] - 1 if i + 1 < len(self._starts) else len(self.stream)
+            out = self.stream[s:e]
+            at = None
+            if len(out) > key + 1:
+                for p in reversed(index.where.get(context_keys(out[1:1 + key], key)[key], ())):
+                    if p - key - 1 >= 0 and toks[p:p + len(out) - 1 - key] == out[1 + key:]:
+                        at = p - key - 1
+                        break
+            if at is None:
+                if i == len(self._starts) - 1:
+                    return None  # the newest output is not there: another conversation
+                continue
+            found.setdefault(toks[at], out[0])
+        return found if self._starts else None
 
     def contexts(self) -> int:
         return self.ngrams.contexts()

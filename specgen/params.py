@@ -46,6 +46,7 @@ class DrafterParams:
     copy_prior: tuple = _COPY_PRIOR
     realign_prior: tuple[float, ...] = (0.35, 0.6, 0.7, 0.8)  # by drafted position (last repeats)
     subst_prior: float = 0.4
+    turn_prior: tuple[float, ...] = (0.2, 0.45, 0.75)  # an earlier turn's start, by turn_share < 0.5, < 0.8, more
     recycled_prior: float = 0.5  # the model's own last prediction after the context's last token
     ngram_prior: tuple = _NGRAM_PRIOR
     copy_bounds: tuple[int, ...] = field(init=False)  # upper bounds of the copy match buckets

@@ -165,3 +165,44 @@ def test_an_output_that_rewrites_the_prompt_copies_it_from_its_first_tokens():
     # the prompt, and the copy waits for copy_key tokens of context.
     off = _replay(prompt, out[:40], replace(PARAMS, start_slack=PARAMS.copy_key))
     assert on.counts.steps < off.counts.steps
+
+
+def _session(turns=6, seed=9):
+    """An agent session: each turn is a tool result (random), the turn cue [1, 2, 3, 4] and the
+    same tool call; the output is that call once more, its first token spelled apart (900 for 90),
+    as a tokenizer spells a text's first token."""
+    rng = random.Random(seed)
+    call = [90] + [rng.randrange(100, 30000) for _ in range(15)]
+    prompt = []
+    for _ in range(turns):
+        prompt += [rng.randrange(100, 30000) for _ in range(30)] + [1, 2, 3, 4] + call
+    prompt += [rng.randrange(100, 30000) for _ in range(30)] + [1, 2, 3, 4]
+    return prompt, [900] + call[1:]
+
+
+def test_a_turn_that_begins_as_the_earlier_ones_did_is_copied_past_its_first_token():
+    prompt, out = _session()
+    t = _replay(prompt, out)
+    # The first step's copy is spelled apart; the next ones copy the rest of the call from the
+    # earlier turns, though no key of the output's context (it holds 900) occurred before:
+    # nothing drafted after the first step is rejected.
+    assert t.counts.histogram[0] == 1 and t.counts.accepted == len(out) - t.counts.steps
+    assert t.counts.steps <= 3
+
+
+def test_memory_tells_how_outputs_spell_their_first_token_where_the_prompt_holds_them():
+    from specgen.memory import NGramMemory
+
+    prompt, out = _session()
+    mem = NGramMemory("test")
+    mem.add(out)  # the last turn's output, as the prompt holds it (but its first token)
+    d = AdaptiveDrafter(cost=linear_cost(0.08), memory=mem)
+    t = replay(prompt, out, d, draft=64)
+    assert d._respell == {90: 900} and d._copy_memory is None  # memory's copies and n-grams stay out
+    # Every drafted token held, the first step's first token included.
+    assert t.counts.accepted == t.counts.drafted == len(out) - t.counts.steps and t.counts.steps <= 2
+    other = NGramMemory("test")
+    other.add(_random_source(3, 40))  # another conversation's output: memory drafts as usual
+    d = AdaptiveDrafter(cost=linear_cost(0.08), memory=other)
+    replay(prompt, out, d, draft=64)
+    assert d._copy_memory is other and d._respell == {}
