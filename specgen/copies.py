@@ -207,6 +207,10 @@ class Copies:
         self._realign: _Realign | None = None  # after a broken copy
         self.turns: Turns | None = None  # where the output's context went on before (turns.py)
 
+    def restart(self) -> None:
+        """Another output begins after the next feed (a server's next turn): this one's place goes."""
+        self.start = self.turns = self._anchor = self._realign = None
+
     def advance(self, tokens: list[int]) -> None:
         """The output grew by `tokens` (before they are appended): move along with it."""
         n = len(tokens)

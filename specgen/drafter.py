@@ -85,7 +85,9 @@ class AdaptiveDrafter:
         next turn): its output starts after the next feed, and `prediction` replaces the last one."""
         predicted = checked(prediction)
         self.prediction = Prediction(predicted, self.params) if predicted else None
-        self.copies.start, self.last = None, None
+        self.copies.restart()
+        self.last, self._respell, self._copy_memory = None, {}, self.memory
+        self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, self.params, self.memory).guess
 
     # --- learning ---------------------------------------------------------------------------
 

@@ -155,3 +155,14 @@ def test_speculation_turned_off_for_a_reason_says_it_and_decodes_plainly():
     tokens, steps, pre = run(ScriptedModel(CYCLE), [1, 2, 3, 4] * 2, max_tokens=8, off="too steep")
     assert str(pre.speculation) == "off: too steep" and tokens == [1, 2, 3, 4] * 2
     assert all(s.drafted == 0 for s in steps)
+
+
+def test_a_drafter_already_fed_part_of_the_prompt_gets_only_the_rest(stories):
+    from specgen.drafter import AdaptiveDrafter
+
+    prompt = stories.tokenizer.encode("Once upon a time, there was a little girl named Lily. She loved to play")
+    drafter = AdaptiveDrafter()
+    drafter.feed(prompt[:9])
+    tokens, _, _ = run(stories.model, prompt, drafter=drafter, drafter_fed=9, max_tokens=40, draft=8)
+    assert tokens == plain_tokens(stories.model, prompt, 40)
+    assert drafter.tokens == prompt + tokens  # every token fed once

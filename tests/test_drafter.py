@@ -110,3 +110,20 @@ def test_recycled_predictions_that_keep_failing_stop_being_drafted():
         d.feed([100 + i], Verdict(0, True) if d.last else None)  # ...that never holds
         drafted.append(len(d.draft(8)))
     assert drafted[0] == 1 and drafted[-1] == 0
+
+
+def test_a_drafter_continued_into_the_next_turn_drafts_as_one_fed_the_whole_conversation():
+    rng = random.Random(3)
+    turn1, reply, turn2 = ([rng.randrange(3, 3000) for _ in range(n)] for n in (300, 40, 30))
+    kept = AdaptiveDrafter()
+    kept.feed(turn1)
+    kept.draft(16)  # a first request's output starts: its place and state are the old request's
+    kept.feed(reply)
+    kept.continue_with(prediction=turn1[100:140])
+    kept.feed(turn2 + turn1[100:104])
+    fresh = AdaptiveDrafter(prediction=turn1[100:140])
+    fresh.feed(turn1 + reply + turn2 + turn1[100:104])
+    assert kept.tokens == fresh.tokens
+    drafted = kept.draft(32)
+    assert drafted == fresh.draft(32) == turn1[100:100 + len(drafted)] and len(drafted) >= 16  # the prediction
+    assert kept.prediction_counts == fresh.prediction_counts
