@@ -99,8 +99,13 @@ def test_the_official_client_sees_a_bad_request_error(served):
         client(served).chat.completions.create(model="gpt-4o", messages=MSG)
 
 
-def test_the_api_key_is_required_when_set(engine):
-    with running(engine, api_key="sesame") as (url, _):
+def test_the_api_key_is_required_when_set_and_browsers_may_ask_first(engine):
+    with running(engine, api_key="sesame", allowed_origins=("http://editor.local",)) as (url, _):
+        preflight = httpx.options(f"{url}/v1/chat/completions", headers={
+            "Origin": "http://editor.local", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "http://editor.local"
         with pytest.raises(openai.AuthenticationError):
             client(url).models.list()
         with pytest.raises(openai.AuthenticationError):
@@ -212,3 +217,17 @@ def test_the_command_serves_and_stops_cleanly_on_sigterm_saving_its_memory(tmp_p
     assert "1 prompt tokens" not in log and "tokens/step" in log  # one line per request
     assert "Application shutdown complete" in log
     assert len(list(Path(tmp_path).rglob("*.npz"))) == 1, log  # the memory, saved on the way out
+
+
+def test_the_command_names_its_bad_flags_and_the_missing_extra(monkeypatch):
+    from typer.testing import CliRunner
+
+    from specgen.cli import app
+
+    for flags, named in ((["--port", "70000"], "--port"), (["--max-tokens", "0"], "--max-tokens"),
+                         (["--max-queue", "-1"], "--max-queue"), (["--dtype", "int3"], "--dtype")):
+        r = CliRunner().invoke(app, ["serve", "-m", "demo", *flags])
+        assert r.exit_code == 1 and named in r.stderr, r.output
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the extra were not installed
+    r = CliRunner().invoke(app, ["serve", "-m", "demo"])
+    assert r.exit_code == 1 and "pip install 'specgen[serve]'" in r.stderr and len(r.stderr.splitlines()) == 1

@@ -76,7 +76,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     @app.middleware("http")
     async def authorize(request: HttpRequest, call_next):
-        if config.api_key and request.url.path.startswith("/v1/"):
+        if config.api_key and request.url.path.startswith("/v1/") and request.method != "OPTIONS":  # CORS preflights carry no key
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
                 return JSONResponse(ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
@@ -105,8 +105,8 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     async def chat_completions(body: ChatRequest, request: HttpRequest):
         check_model(body.model)
         generation = body.generation(config.max_tokens, draft=config.draft, memory=config.memory)
-        ids = await run_in_threadpool(chat_ids, engine, body)
-        splitter = Splitter(engine, ids, body.conversation()[1])
+        ids, tools = await run_in_threadpool(chat_ids, engine, body)
+        splitter = Splitter(engine, ids, tools)
         return await _answer(request, worker, Shape("chat.completion", body.model), ids, generation, splitter)
 
     @app.post("/v1/completions")

@@ -22,8 +22,8 @@ from .schema import ChatRequest, CompletionRequest, bad
 _log = logging.getLogger("specgen.serve")
 
 
-def chat_ids(engine: Engine, req: ChatRequest) -> list[int]:
-    """The conversation's token ids, through the chat template (with the tools, if any)."""
+def chat_ids(engine: Engine, req: ChatRequest) -> tuple[list[int], list[dict] | None]:
+    """The conversation's token ids, through the chat template, and the tools it was given."""
     messages, tools = req.conversation()
     tokenizer = engine.loaded.tokenizer
     templated = engine.loaded.spec.chat_template and getattr(tokenizer, "has_chat_template", False)
@@ -39,7 +39,7 @@ def chat_ids(engine: Engine, req: ChatRequest) -> list[int]:
         raise bad("messages", str(e)) from None
     except Exception as e:  # the template's own complaint (roles out of order, ...)
         raise bad("messages", f"the chat template refused them: {e}") from None
-    return _fits(engine, ids, "messages")
+    return _fits(engine, ids, "messages"), tools
 
 
 def completion_ids(engine: Engine, req: CompletionRequest) -> list[int]:
