@@ -130,3 +130,16 @@ def quick_calibration(monkeypatch):
     from specgen import calibrate
 
     monkeypatch.setattr(calibrate, "BUDGET_S", 0.5)
+
+
+@pytest.fixture(scope="session")
+def demo_engine():
+    """The demo model's engine, its cost curve measured quickly (server tests are not about it)."""
+    from specgen import calibrate
+    from specgen.engine import Engine
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(calibrate, "BUDGET_S", 0.5)
+        engine = Engine.load("demo")
+        engine.costs()
+    return engine

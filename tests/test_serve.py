@@ -16,9 +16,7 @@ from servers import client, running
 from typer.testing import CliRunner
 
 import specgen
-from specgen import calibrate
 from specgen.cli import app
-from specgen.engine import Engine
 
 ONCE = "Once upon a time"
 PROMPTS = ["Once upon a time", "Lily and Ben went to the park", "The little dog was sad", "Tom had a red ball",
@@ -26,12 +24,8 @@ PROMPTS = ["Once upon a time", "Lily and Ben went to the park", "The little dog 
 
 
 @pytest.fixture(scope="module")
-def engine():
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(calibrate, "BUDGET_S", 0.5)
-        e = Engine.load("demo")
-        e.costs()
-    return e
+def engine(demo_engine):
+    return demo_engine
 
 
 @pytest.fixture(scope="module")

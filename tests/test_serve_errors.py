@@ -16,19 +16,13 @@ import openai
 import pytest
 from servers import client, running
 
-from specgen import calibrate
-from specgen.engine import Engine
 
 MSG = [{"role": "user", "content": "Once upon a time"}]
 
 
 @pytest.fixture(scope="module")
-def engine():
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(calibrate, "BUDGET_S", 0.5)
-        e = Engine.load("demo")
-        e.costs()
-    return e
+def engine(demo_engine):
+    return demo_engine
 
 
 @pytest.fixture(scope="module")

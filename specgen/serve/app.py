@@ -125,16 +125,16 @@ def _validation_error(e: RequestValidationError) -> ApiError:
     loc = [p for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
-    # Union members add their type names to the location: keep only the request's own path.
-    loc = [p for p in loc if isinstance(p, int) or not any(c in p for c in "[]()") and p not in _TYPE_NAMES]
+    # Union members add their type's name to the location ("str", "list[TextPart]",
+    # "function-after", ...): keep only the request's own path, lower-case field names and indices.
+    loc = [p for p in loc if isinstance(p, int) or p.isidentifier() and p.islower() and p not in _TYPES]
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
     what = "is not a field specgen knows (and so would be ignored)" if first["type"] == "extra_forbidden" \
         else first["msg"][0].lower() + first["msg"][1:]
     return ApiError(400, f"{param or 'body'}: {what}", param)
 
 
-_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "TextPart", "list[TextPart]", "list[int]",
-               "list[str]", "list[list[int]]", "function-after", "literal['none','auto']", "json-or-python"}
+_TYPES = {"str", "int", "float", "bool", "list", "dict"}
 
 
 class Shape:

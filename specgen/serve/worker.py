@@ -41,7 +41,7 @@ class Job:
     options: Options
     prediction: str | None
     send: Callable[[object], None]  # called on the worker thread: each Response, then Finished or an error
-    stats: RunStats = field(default_factory=RunStats)  # its clock starts when the job is made
+    stats: RunStats = field(default_factory=RunStats)  # replaced when the job starts running
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -147,7 +147,8 @@ class Worker:
             self.cancelled += 1
             job.deliver(Finished(job.stats, cancelled=True))
             return
-        opts, stats = job.options, job.stats
+        opts, stats = job.options, RunStats()  # its clock starts now: waiting in the queue is not prefill
+        job.stats = stats
         cache, cached = self.prompts.fetch(job.ids)
         settings = (opts.ngram_order, opts.window, opts.memory)
         drafter, fed = self.drafters.take(job.ids, settings) if opts.draft is None else (None, 0)
