@@ -84,11 +84,13 @@ def test_a_perfect_prediction_is_accepted_and_changes_nothing(served):
     assert wrong.choices[0].message.content == text
 
 
-def test_the_next_turn_is_served_from_the_prompt_cache(served, demo):
-    c = client(served[0])
-    reply = c.completions.create(model="demo", prompt=PROMPTS[3], max_tokens=32).choices[0].text
-    longer = f"{PROMPTS[3]}{reply} Then"
-    turn = c.completions.create(model="demo", prompt=longer, max_tokens=32)
+def test_the_next_turn_is_served_from_the_prompt_cache_and_the_kept_drafter(engine, demo):
+    with running(engine) as (url, worker):
+        c = client(url)
+        reply = c.completions.create(model="demo", prompt=PROMPTS[3], max_tokens=32).choices[0].text
+        longer = f"{PROMPTS[3]}{reply} Then"
+        turn = c.completions.create(model="demo", prompt=longer, max_tokens=32)
+        assert len(worker.drafters) == 1  # the first turn's drafter went on: no second one was made
     assert turn.usage.prompt_tokens_details.cached_tokens >= turn.usage.prompt_tokens - 4
     assert turn.choices[0].text == specgen.generate(*demo, longer, max_tokens=32)
 

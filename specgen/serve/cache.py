@@ -74,6 +74,9 @@ class DrafterCache:
         _, drafter = self._kept.pop(best)
         return drafter, len(drafter.tokens)
 
+    def __len__(self) -> int:
+        return len(self._kept)
+
     def put(self, drafter: AdaptiveDrafter, settings: tuple) -> None:
         self._kept.append((settings, drafter))
         del self._kept[:-self.size]
