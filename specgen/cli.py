@@ -12,7 +12,6 @@ from typing import Optional
 import typer
 
 from . import __version__, cli_tools, defaults, registry
-from .serve import config as serve_config
 from .clikit import (
     DTYPE_HELP,
     EXIT_INTERRUPTED,
@@ -23,6 +22,7 @@ from .clikit import (
     shared_ints,
     user_models_file,
 )
+from .serve import config as serve_config
 from .settings import check
 
 app = typer.Typer(

@@ -16,7 +16,6 @@ import openai
 import pytest
 from servers import client, running
 
-
 MSG = [{"role": "user", "content": "Once upon a time"}]
 
 

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    LRUPromptCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 
 from ..drafter import AdaptiveDrafter
 
