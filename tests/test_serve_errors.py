@@ -34,6 +34,7 @@ BAD = [  # (body, status, param, words in the message)
     ({"model": "demo", "messages": MSG, "temperature": -1}, 400, "temperature", "0 (greedy) or more"),
     ({"model": "demo", "messages": MSG, "max_tokens": 0}, 400, "max_tokens", "at least 1"),
     ({"model": "demo", "messages": MSG, "max_completion_tokens": "many"}, 400, "max_completion_tokens", "integer"),
+    ({"model": "demo", "messages": MSG, "max_completion_tokens": 0}, 400, "max_completion_tokens", "at least 1"),
     ({"model": "demo", "messages": MSG, "top_p": 1.5}, 400, "top_p", "between 0 and 1"),
     ({"model": "demo", "messages": MSG, "seed": -3}, 400, "seed", "between 0"),
     ({"model": "demo", "messages": MSG, "stop": [""]}, 400, "stop", "non-empty"),

@@ -29,7 +29,7 @@ from ..errors import SettingError, SpecgenError
 from .config import ServeConfig
 from .limits import BodyLimit
 from .prompting import Splitter, chat_ids, completion_ids
-from .schema import FIELDS, ApiError, ChatRequest, CompletionRequest, Generation, bad
+from .schema import ApiError, ChatRequest, CompletionRequest, Generation, setting_error
 from .worker import Job, Worker, stopping_error
 
 _log = logging.getLogger("specgen.serve")
@@ -146,7 +146,7 @@ class Shape:
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
-    def _head(self, chunk: bool) -> dict:
+    def head(self, chunk: bool) -> dict:
         kind = self.kind + (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
@@ -160,7 +160,7 @@ class Shape:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
-        return {**self._head(True), "choices": [choice]}
+        return {**self.head(True), "choices": [choice]}
 
     def whole(self, content: str, reasoning: str, tool_calls: list, finish: str, stats) -> dict:
         if self.chat:
@@ -172,7 +172,7 @@ class Shape:
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
-        return {**self._head(False), "choices": [choice], "usage": usage(stats), "specgen": specgen_stats(stats)}
+        return {**self.head(False), "choices": [choice], "usage": usage(stats), "specgen": specgen_stats(stats)}
 
 
 def generated(stats) -> int:
@@ -263,7 +263,7 @@ async def _answer(request: HttpRequest, worker: Worker, shape: Shape, ids: list[
                 final["specgen"] = specgen_stats(stats)
                 yield _sse(final)
                 if generation.include_usage:
-                    yield _sse({**shape._head(True), "choices": [], "usage": usage(stats)})
+                    yield _sse({**shape.head(True), "choices": [], "usage": usage(stats)})
                 yield "data: [DONE]\n\n"
                 return
         finally:
@@ -281,7 +281,7 @@ def _as_api_error(e: Exception) -> ApiError:
     if isinstance(e, ApiError):
         return e
     if isinstance(e, SettingError):
-        return bad(FIELDS.get(e.param, e.param), e.naming("").strip())
+        return setting_error(e)
     if isinstance(e, SpecgenError):
         return ApiError(400, str(e))
     return ApiError(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")

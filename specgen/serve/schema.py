@@ -40,6 +40,13 @@ def bad(param: str, message: str, code: str | None = None) -> ApiError:
     return ApiError(400, f"{param}: {message}", param, code)
 
 
+def setting_error(e: SettingError, renamed: dict[str, str] | None = None) -> ApiError:
+    """The 400 for a setting out of range, naming the request field it came from."""
+    name = FIELDS.get(e.param, e.param)
+    name = (renamed or {}).get(name, name)
+    return bad(name, e.naming("").strip())
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -160,10 +167,7 @@ class _Common(_Strict):
             options = Options(**opts)
             options.check()  # warnings (e.g. a seed when greedy) change nothing, as in OpenAI
         except SettingError as e:
-            name = FIELDS.get(e.param, e.param)
-            if name == "max_tokens" and max_tokens is not None:
-                name = "max_completion_tokens"
-            raise bad(name, e.naming("").strip()) from None
+            raise setting_error(e, {"max_tokens": "max_completion_tokens"} if max_tokens is not None else {}) from None
         return Generation(options=options, stream=self.stream,
                           include_usage=bool(self.stream_options and self.stream_options.include_usage),
                           prediction=_text(self.prediction.content) if self.prediction else None)
