@@ -186,9 +186,11 @@ def serve(
 
     require_extra()
     check(max_tokens=max_tokens, draft=draft, dtype=dtype)
-    for name, value, low in (("--port", port, 0), ("--max-queue", max_queue, 0), ("--prompt-cache-bytes", prompt_cache_bytes, 0)):
-        if value < low or (name == "--port" and value > 65535):
-            fail(f"{name} must be {'between 0 and 65535' if name == '--port' else 'at least 0'} (got {value})")
+    if not 0 <= port <= 65535:
+        fail(f"--port must be between 0 and 65535 (got {port})")
+    for flag, value in (("--max-queue", max_queue), ("--prompt-cache-bytes", prompt_cache_bytes)):
+        if value < 0:
+            fail(f"{flag} must be at least 0 (got {value})")
     if launch_group(None, None, memory) is not None:
         fail("serve is not supported under mlx.launch yet")
     say = Notices(quiet)

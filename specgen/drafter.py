@@ -69,8 +69,7 @@ class AdaptiveDrafter:
         self._table = None  # the cost table, built at the first draft
         self.last: Draft | None = None  # the last draft, until the loop's verdict on it
         self.recycled: dict[int, int] = {}  # token -> the target's latest choice after it
-        self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, params, memory).guess
-        self._copy_memory = memory  # memory's stream, for copies (None where the prompt holds it)
+        self._draw_on(memory)  # sets _ngram (guesses) and _copy_memory (copies)
         self._respell: dict[int, int] = {}  # the prompt's spelling of an output's first token -> the output's
         predicted = checked(prediction)
         self.prediction = Prediction(predicted, params) if predicted else None
@@ -86,8 +85,13 @@ class AdaptiveDrafter:
         predicted = checked(prediction)
         self.prediction = Prediction(predicted, self.params) if predicted else None
         self.copies.restart()
-        self.last, self._respell, self._copy_memory = None, {}, self.memory
-        self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, self.params, self.memory).guess
+        self.last, self._respell = None, {}
+        self._draw_on(self.memory)
+
+    def _draw_on(self, memory) -> None:
+        """Guess and copy from `memory` as well as the request (None: from the request alone)."""
+        self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, self.params, memory).guess
+        self._copy_memory = memory  # memory's stream, for copies
 
     # --- learning ---------------------------------------------------------------------------
 
@@ -201,8 +205,7 @@ class AdaptiveDrafter:
         if respell is None:
             return
         self._respell = respell
-        self._copy_memory = None
-        self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, self.params).guess
+        self._draw_on(None)
 
     def _candidates(self, keys: list[int] | None, made: Draft, guess: Guess | None) -> Iterator[float]:
         """Each next candidate's acceptance chance, after appending it (and its evidence) to `made`;
