@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specgen.drafter import make_drafter
-from specgen.length import linear_cost
-from specgen.memory import NGramMemory
-from specgen.simulate import simulate_file
-from specgen.traces import Trace
+from specgen.draft.drafter import make_drafter
+from specgen.draft.length import linear_cost
+from specgen.draft.memory import NGramMemory
+from specgen.draft.simulate import simulate_file
+from specgen.draft.traces import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -10,11 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from specgen.drafter import make_drafter
-from specgen.length import linear_cost
-from specgen.memory import NGramMemory
-from specgen.simulate import replay
-from specgen.traces import load_tokenizer, read_traces
+from specgen.draft.drafter import make_drafter
+from specgen.draft.length import linear_cost
+from specgen.draft.memory import NGramMemory
+from specgen.draft.simulate import replay
+from specgen.draft.traces import load_tokenizer, read_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -33,17 +33,17 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text, llama, qwen3_next
 from mlx_lm.models.cache import make_prompt_cache
 
-from specgen.bench import mlx_lm_tokens, specgen_tokens
-from specgen.calibrate import blas, measure
-from specgen.cost import Curve, cost_function, drafting_cost, relative
-from specgen.distributed import share, world
-from specgen.drafter import make_drafter
-from specgen.memory import NGramMemory
-from specgen.report import describe_curve
-from specgen.rollback import Rollback
-from specgen.simulate import Tally, replay
-from specgen.timing import alternate, spread
-from specgen.traces import load_tokenizer
+from specgen.cli.bench import mlx_lm_tokens, specgen_tokens
+from specgen.cli.timing import alternate, spread
+from specgen.draft.drafter import make_drafter
+from specgen.draft.memory import NGramMemory
+from specgen.draft.simulate import Tally, replay
+from specgen.draft.traces import load_tokenizer
+from specgen.engine.calibrate import blas, measure
+from specgen.engine.cost import Curve, cost_function, drafting_cost, relative
+from specgen.engine.distributed import share, world
+from specgen.engine.mode import describe_curve
+from specgen.engine.rollback import Rollback
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FILES = ["code_edit_qwen25coder_7b", "code_fix_python", "chat_llama2_7b", "chat_mistral_7b",

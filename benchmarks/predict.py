@@ -16,10 +16,10 @@ import json
 import statistics
 from pathlib import Path
 
-from specgen.calibrate import blas
-from specgen.engine import Engine, Request
-from specgen.options import Options
-from specgen.stats import RunStats
+from specgen.draft.stats import RunStats
+from specgen.engine.calibrate import blas
+from specgen.engine.engine import Engine, Request
+from specgen.engine.options import Options
 
 SETS = Path(__file__).parent / "prompts"
 

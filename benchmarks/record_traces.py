@@ -23,9 +23,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from specgen import registry
-from specgen.bench import read_prompt_file
-from specgen.prompts import encode_prompt
+from specgen.cli.bench import read_prompt_file
+from specgen.engine import registry
+from specgen.engine.prompts import encode_prompt
 
 ROOT = Path(__file__).resolve().parent
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import sys
 
-from specgen.drafter import AdaptiveDrafter
-from specgen.simulate import Tally, replay
-from specgen.traces import read_traces
+from specgen.draft.drafter import AdaptiveDrafter
+from specgen.draft.simulate import Tally, replay
+from specgen.draft.traces import read_traces
 
 
 class Chain:

@@ -20,14 +20,14 @@ from pathlib import Path
 
 from mlx_lm.sample_utils import make_sampler
 
-from specgen import registry
-from specgen.bench import mlx_lm_tokens, read_prompt_file, specgen_tokens
-from specgen.calibrate import blas, model_costs
-from specgen.drafter import make_drafter
-from specgen.prompts import encode_prompt
-from specgen.sampling import make_selector
-from specgen.stats import Counts
-from specgen.timing import alternate, spread
+from specgen.cli.bench import mlx_lm_tokens, read_prompt_file, specgen_tokens
+from specgen.cli.timing import alternate, spread
+from specgen.draft.drafter import make_drafter
+from specgen.draft.stats import Counts
+from specgen.engine import registry
+from specgen.engine.calibrate import blas, model_costs
+from specgen.engine.prompts import encode_prompt
+from specgen.engine.sampling import make_selector
 
 ROOT = Path(__file__).resolve().parent
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import sys
 
-from specgen import defaults, memory_file, registry
+from specgen import defaults
+from specgen.draft import memory_file
+from specgen.engine import registry
 
 
 def main(model: str, traces: str) -> None:

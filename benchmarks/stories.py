@@ -3,7 +3,7 @@ speculating with the defaults (adaptive drafter, measured verify-cost curve).
 
     python benchmarks/stories.py [--tokens 256] [--repeats 5]
 
-Each configuration runs the same prompts in one process, alternating order (specgen.timing),
+Each configuration runs the same prompts in one process, alternating order (specgen.cli.timing),
 after a warm-up; reported tok/s are medians over repeats of (generated tokens / wall seconds,
 prefill included: end to end, as a user waits). Stop tokens are ignored so every run generates
 exactly --tokens.
@@ -15,13 +15,13 @@ import time
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from specgen import registry
-from specgen.calibrate import blas, model_costs
-from specgen.decode import generate
-from specgen.drafter import make_drafter
-from specgen.events import Step
-from specgen.report import describe_curve
-from specgen.timing import Timed, alternate, spread
+from specgen.cli.timing import Timed, alternate, spread
+from specgen.draft.drafter import make_drafter
+from specgen.draft.events import Step
+from specgen.engine import registry
+from specgen.engine.calibrate import blas, model_costs
+from specgen.engine.decode import generate
+from specgen.engine.mode import describe_curve
 
 PROMPTS = [
     "Once upon a time",

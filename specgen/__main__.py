@@ -1,3 +1,3 @@
-from .cli import main
+from specgen.cli.commands import main
 
 main()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from .errors import SettingError
+from specgen.errors import SettingError
 
 Rule = tuple[Callable[[object], bool], str]
 DTYPES = ("float32", "float16", "bfloat16")  # what weights may be converted to

@@ -9,9 +9,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from specgen import registry
-from specgen.decode import generate
-from specgen.events import Prefilled
+from specgen.draft.events import Prefilled
+from specgen.engine import registry
+from specgen.engine.decode import generate
 
 DATA = Path(__file__).parent / "data"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -127,7 +127,7 @@ def ScriptedModel(rule: dict[int, int], vocab: int = 16) -> TableModel:
 @pytest.fixture
 def quick_calibration(monkeypatch):
     """Calibration measuring for half a second, not BUDGET_S: for tests of what it does, not of the curve."""
-    from specgen import calibrate
+    from specgen.engine import calibrate
 
     monkeypatch.setattr(calibrate, "BUDGET_S", 0.5)
 
@@ -135,8 +135,8 @@ def quick_calibration(monkeypatch):
 @pytest.fixture(scope="session")
 def demo_engine():
     """The demo model's engine, its cost curve measured quickly (server tests are not about it)."""
-    from specgen import calibrate
-    from specgen.engine import Engine
+    from specgen.engine import calibrate
+    from specgen.engine.engine import Engine
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(calibrate, "BUDGET_S", 0.5)

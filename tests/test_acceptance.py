@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from specgen.acceptance import Acceptance, evidence_for
-from specgen.params import PARAMS
+from specgen.draft.acceptance import Acceptance, evidence_for
+from specgen.draft.params import PARAMS
 
 E = evidence_for(PARAMS)
 NGRAM = E.ngram[0][2][2][3]  # the request's own 4-gram, share >= 0.8, count 4+

@@ -7,8 +7,9 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from specgen import memory_file, registry
-from specgen.cli import app
+from specgen.cli.commands import app
+from specgen.draft import memory_file
+from specgen.engine import registry
 
 # These test what the commands do around calibration, not the curve: measure briefly.
 pytestmark = pytest.mark.usefixtures("quick_calibration")

@@ -12,7 +12,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from specgen.cli import app
+from specgen.cli.commands import app
 
 pytestmark = pytest.mark.usefixtures("quick_calibration")
 runner = CliRunner()

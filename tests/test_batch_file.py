@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from specgen.batch import BadLine, Item, ResultWriter, done_ids, read_items
-from specgen.bench import read_prompt_file
+from specgen.api.batch_file import BadLine, Item, ResultWriter, done_ids, read_items
+from specgen.cli.bench import read_prompt_file
 from specgen.errors import InputError
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
@@ -168,7 +168,7 @@ def test_a_second_run_on_the_same_results_file_is_refused(tmp_path):
     out = tmp_path / "out.jsonl"
     with ResultWriter(out) as w:
         w.write({"id": "1", "text": "a"})
-        other = subprocess.run([sys.executable, "-c", "import sys; from specgen.batch import done_ids; "
+        other = subprocess.run([sys.executable, "-c", "import sys; from specgen.api.batch_file import done_ids; "
                                 "done_ids(sys.argv[1])", str(out)], capture_output=True, text=True)
         assert other.returncode != 0 and "being written by another specgen run" in other.stderr
     assert done_ids(out) == {"1"}  # the lock went with the writer

@@ -4,9 +4,9 @@ import pytest
 from conftest import ScriptedModel
 from typer.testing import CliRunner
 
-from specgen.bench import read_prompt_file, run_set
-from specgen.cli import app
-from specgen.drafter import make_drafter
+from specgen.cli.bench import read_prompt_file, run_set
+from specgen.cli.commands import app
+from specgen.draft.drafter import make_drafter
 from specgen.errors import InputError
 
 # These test what the commands do around calibration, not the curve: measure briefly.
@@ -77,8 +77,8 @@ def test_bench_with_memory_drafts_from_it_and_leaves_it_unchanged(tmp_path):
 
 
 def test_a_memory_reader_learns_on_its_own():
-    from specgen.acceptance import evidence_for
-    from specgen.memory import NGramMemory
+    from specgen.draft.acceptance import evidence_for
+    from specgen.draft.memory import NGramMemory
 
     mem = NGramMemory("m")
     ev = evidence_for(mem.params).ngram[2][1][2][3]  # a memory n-gram

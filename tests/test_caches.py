@@ -10,8 +10,8 @@ from conftest import plain_tokens, run, tiny_model
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-from specgen.drafter import make_drafter
-from specgen.sampling import make_selector
+from specgen.draft.drafter import make_drafter
+from specgen.engine.sampling import make_selector
 
 CYCLE = list(range(10, 26))  # the steering below makes the model mostly walk this cycle
 PROMPT = CYCLE * 2 + [10, 11, 12]

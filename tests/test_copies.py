@@ -3,11 +3,11 @@
 import random
 from dataclasses import replace
 
-from specgen.copies import Hazards, Substitutions
-from specgen.drafter import AdaptiveDrafter
-from specgen.length import linear_cost
-from specgen.params import PARAMS
-from specgen.simulate import replay
+from specgen.draft.drafter import AdaptiveDrafter
+from specgen.draft.length import linear_cost
+from specgen.draft.lessons import Hazards, Substitutions
+from specgen.draft.params import PARAMS
+from specgen.draft.simulate import replay
 
 
 def _replay(prompt, out, params=PARAMS):
@@ -191,18 +191,18 @@ def test_a_turn_that_begins_as_the_earlier_ones_did_is_copied_past_its_first_tok
 
 
 def test_memory_tells_how_outputs_spell_their_first_token_where_the_prompt_holds_them():
-    from specgen.memory import NGramMemory
+    from specgen.draft.memory import NGramMemory
 
     prompt, out = _session()
     mem = NGramMemory("test")
     mem.add(out)  # the last turn's output, as the prompt holds it (but its first token)
     d = AdaptiveDrafter(cost=linear_cost(0.08), memory=mem)
     t = replay(prompt, out, d, draft=64)
-    assert d._respell == {90: 900} and d._copy_memory is None  # memory's copies and n-grams stay out
+    assert d.respell == {90: 900} and d._copy_memory is None  # memory's copies and n-grams stay out
     # Every drafted token held, the first step's first token included.
     assert t.counts.accepted == t.counts.drafted == len(out) - t.counts.steps and t.counts.steps <= 2
     other = NGramMemory("test")
     other.add(_random_source(3, 40))  # another conversation's output: memory drafts as usual
     d = AdaptiveDrafter(cost=linear_cost(0.08), memory=other)
     replay(prompt, out, d, draft=64)
-    assert d._copy_memory is other and d._respell == {}
+    assert d._copy_memory is other and d.respell == {}

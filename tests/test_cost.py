@@ -2,8 +2,10 @@
 
 import pytest
 
-from specgen.calibrate import load_or_measure
-from specgen.cost import (
+from specgen.draft.drafter import AdaptiveDrafter
+from specgen.draft.length import linear_cost
+from specgen.engine.calibrate import load_or_measure
+from specgen.engine.cost import (
     Curve,
     cost_function,
     drafting_cost,
@@ -11,9 +13,7 @@ from specgen.cost import (
     relative,
     unprofitable,
 )
-from specgen.drafter import AdaptiveDrafter
-from specgen.length import linear_cost
-from specgen.report import describe_curve
+from specgen.engine.mode import describe_curve
 
 
 def test_relative_curve_is_normalised_and_never_decreasing():

@@ -5,10 +5,10 @@ import pytest
 from conftest import ScriptedModel, TableModel, plain_tokens, run, tiny_model
 from mlx_lm.models.cache import make_prompt_cache
 
-from specgen import sampling
-from specgen.decode import generate
+from specgen.draft.events import Step
+from specgen.engine import sampling
+from specgen.engine.decode import generate
 from specgen.errors import InputError
-from specgen.events import Step
 
 REPETITIVE = [10, 11, 12, 13, 14, 15] * 5
 NOVEL = random.Random(0).sample(range(3, 500), 30)
@@ -158,7 +158,7 @@ def test_speculation_turned_off_for_a_reason_says_it_and_decodes_plainly():
 
 
 def test_a_drafter_already_fed_part_of_the_prompt_gets_only_the_rest(stories):
-    from specgen.drafter import AdaptiveDrafter
+    from specgen.draft.drafter import AdaptiveDrafter
 
     prompt = stories.tokenizer.encode("Once upon a time, there was a little girl named Lily. She loved to play")
     drafter = AdaptiveDrafter()

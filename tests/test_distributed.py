@@ -14,7 +14,7 @@ import pytest
 from conftest import TINY, tiny_model
 from mlx.utils import tree_flatten
 
-from specgen import registry
+from specgen.engine import registry
 
 LAUNCH = Path(sys.executable).parent / "mlx.launch"
 pytestmark = pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch comes with mlx")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specgen.length import CostTable, Refeed, choose_length, linear_cost
+from specgen.draft.length import CostTable, Refeed, choose_length, linear_cost
 
 
 def chosen(qs, cost, room=64, min_p=0.0):
@@ -46,7 +46,7 @@ def test_stopping_early_never_changes_the_choice(curve):
     # is pulled, and the choice must be the same on every sequence of chances.
     import random
 
-    from specgen.cost import cost_function
+    from specgen.engine.cost import cost_function
 
     cost = cost_function(curve)
     rng = random.Random(7)

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from specgen import memory_file
-from specgen.acceptance import evidence_for
-from specgen.memory import NGramMemory
+from specgen.draft import memory_file
+from specgen.draft.acceptance import evidence_for
+from specgen.draft.memory import NGramMemory
 
 
 def test_memory_file_round_trips_and_is_bounded(tmp_path):

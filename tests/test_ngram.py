@@ -5,8 +5,8 @@ import random
 import pytest
 
 from specgen import defaults
-from specgen.ngram import NGramTables, context_keys, fnv1a_64, keys_along
-from specgen.predictor import BATCH_HASH, NGramPredictor
+from specgen.draft.ngram import NGramTables, context_keys, fnv1a_64, keys_along
+from specgen.draft.predictor import BATCH_HASH, NGramPredictor
 
 
 def fed(tokens, **kw):

@@ -4,13 +4,13 @@ import random
 
 import pytest
 
-from specgen.drafter import AdaptiveDrafter, make_drafter
+from specgen.draft.drafter import AdaptiveDrafter, make_drafter
+from specgen.draft.length import linear_cost
+from specgen.draft.simulate import replay
+from specgen.engine.registry import tokenizer_for
 from specgen.errors import SettingError
-from specgen.length import linear_cost
-from specgen.simulate import replay
-from specgen.traces import load_tokenizer
 
-encode = load_tokenizer("demo")  # the bundled stories260K tokenizer
+encode = tokenizer_for("demo")  # the bundled stories260K tokenizer
 STORY = encode(
     "Once upon a time, there was a little girl named Lily. She loved to play in the park with her "
     "friends. One day, she saw a big red ball under a tree. She ran to the tree and picked up the "

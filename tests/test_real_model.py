@@ -8,10 +8,10 @@ outputs are short; the edit prompt makes the model copy code, so drafts are acce
 import pytest
 from conftest import SHARED, plain_tokens, run
 
-from specgen import registry
-from specgen.drafter import make_drafter
-from specgen.prompts import encode_prompt
-from specgen.sampling import make_selector
+from specgen.draft.drafter import make_drafter
+from specgen.engine import registry
+from specgen.engine.prompts import encode_prompt
+from specgen.engine.sampling import make_selector
 
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
 pytestmark = pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")

@@ -3,8 +3,8 @@ import math
 import pytest
 from conftest import TableModel, run, tiny_model
 
+from specgen.engine.sampling import GREEDY, Sampler, make_selector
 from specgen.errors import InputError
-from specgen.sampling import GREEDY, Sampler, make_selector
 
 SETTINGS = [dict(temp=0.7), dict(temp=1.0), dict(temp=1.0, top_p=0.9), dict(temp=0.9, top_k=20),
             dict(temp=0.8, min_p=0.05)]

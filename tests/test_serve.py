@@ -16,7 +16,7 @@ from servers import client, running
 from typer.testing import CliRunner
 
 import specgen
-from specgen.cli import app
+from specgen.cli.commands import app
 
 ONCE = "Once upon a time"
 PROMPTS = ["Once upon a time", "Lily and Ben went to the park", "The little dog was sad", "Tom had a red ball",

@@ -5,11 +5,11 @@ one is exactly the turn generated from nothing."""
 import pytest
 from conftest import plain_tokens, tiny_model
 
-from specgen import registry
-from specgen.engine import Engine, Request
-from specgen.options import Options
+from specgen.draft.stats import RunStats
+from specgen.engine import registry
+from specgen.engine.engine import Engine, Request
+from specgen.engine.options import Options
 from specgen.serve.cache import PromptCache
-from specgen.stats import RunStats
 
 PROMPT = [1, 14, 92, 7, 301, 44, 5, 18, 260, 77, 9, 130]
 

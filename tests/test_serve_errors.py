@@ -216,7 +216,7 @@ def test_the_command_serves_and_stops_cleanly_on_sigterm_saving_its_memory(tmp_p
 def test_the_command_names_its_bad_flags_and_the_missing_extra(monkeypatch):
     from typer.testing import CliRunner
 
-    from specgen.cli import app
+    from specgen.cli.commands import app
 
     for flags, named in ((["--port", "70000"], "--port"), (["--max-tokens", "0"], "--max-tokens"),
                          (["--max-queue", "-1"], "--max-queue"), (["--dtype", "int3"], "--dtype")):

@@ -19,9 +19,9 @@ from servers import client, running
 from typer.testing import CliRunner
 
 import specgen
-from specgen import calibrate, registry
-from specgen.cli import app
-from specgen.engine import Engine
+from specgen.cli.commands import app
+from specgen.engine import calibrate, registry
+from specgen.engine.engine import Engine
 
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
 needs_smollm2 = pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")

@@ -7,13 +7,13 @@ import pytest
 from conftest import SHARED, run
 from typer.testing import CliRunner
 
-from specgen.cli import app
-from specgen.drafter import AdaptiveDrafter, make_drafter
-from specgen.length import linear_cost
-from specgen.memory import NGramMemory
-from specgen.predictor import NGramPredictor
-from specgen.simulate import replay
-from specgen.traces import load_tokenizer, read_traces
+from specgen.cli.commands import app
+from specgen.draft.drafter import AdaptiveDrafter, make_drafter
+from specgen.draft.length import linear_cost
+from specgen.draft.memory import NGramMemory
+from specgen.draft.predictor import NGramPredictor
+from specgen.draft.simulate import replay
+from specgen.draft.traces import load_tokenizer, read_traces
 
 runner = CliRunner()
 CYCLE_PROMPT = [1, 2, 3, 4] * 2

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple
 
-from .errors import InputError, SettingError
-from .settings import check
+from specgen.errors import InputError, SettingError
+from specgen.settings import check
 
 try:
     import fcntl

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from .batch import BadLine, ResultWriter, done_ids, read_items
-from .engine import Engine, Request
-from .errors import SpecgenError
-from .options import Options
-from .stats import RunStats
+from specgen.api.batch_file import BadLine, ResultWriter, done_ids, read_items
+from specgen.draft.stats import RunStats
+from specgen.engine.engine import Engine, Request
+from specgen.engine.options import Options
+from specgen.errors import SpecgenError
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 

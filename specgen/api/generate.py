@@ -16,10 +16,11 @@ import weakref
 from dataclasses import fields
 from typing import Iterator, Sequence
 
-from . import defaults, registry
-from .engine import Engine, Request, Response
-from .errors import SettingError, SpecgenError
-from .options import Options
+from specgen import defaults
+from specgen.engine import registry
+from specgen.engine.engine import Engine, Request, Response
+from specgen.engine.options import Options
+from specgen.errors import SettingError, SpecgenError
 
 _ENGINES: dict[int, Engine] = {}  # id(model) -> its engine, while the model lives
 # cache[0] -> (the conversation so far, how much of it the cache holds): as in mlx-lm, a
@@ -110,7 +111,7 @@ def stream_generate(model, tokenizer, prompt: str | Sequence[int], max_tokens: i
     if not new:
         raise SettingError("prompt", "is empty")
     ids, cached = _cache_start(prompt_cache, new)
-    from .sampling import CUSTOM_OFF, MlxLmSampling
+    from specgen.engine.sampling import CUSTOM_OFF, MlxLmSampling
 
     request = Request(ids, opts, prompt_cache=prompt_cache, cached=cached, prediction=prediction,
                       selector=MlxLmSampling(sampler, logits_processors) if custom else None,

@@ -18,14 +18,14 @@ from typing import Callable
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from .batch import Prompt, conversation, prompt_rows
-from .decode import generate
-from .errors import InputError
-from .events import Step
-from .sampling import GREEDY, Selector
-from .simulate import Tally, replay
-from .stats import Counts
-from .timing import Timed, alternate, spread
+from specgen.api.batch_file import Prompt, conversation, prompt_rows
+from specgen.cli.timing import Timed, alternate, spread
+from specgen.draft.events import Step
+from specgen.draft.simulate import Tally, replay
+from specgen.draft.stats import Counts
+from specgen.engine.decode import generate
+from specgen.engine.sampling import GREEDY, Selector
+from specgen.errors import InputError
 
 _STORY = "Lily had a red ball. She liked to throw the ball to her dog, Max. Max ran fast and " \
          "brought the ball back to her. Lily laughed and said, \"Good dog, Max!\""

@@ -11,8 +11,9 @@ from typing import Optional
 
 import typer
 
-from . import __version__, cli_tools, defaults, registry
-from .clikit import (
+from specgen import __version__, defaults
+from specgen.cli import tools as cli_tools
+from specgen.cli.kit import (
     DTYPE_HELP,
     EXIT_INTERRUPTED,
     Notices,
@@ -22,8 +23,9 @@ from .clikit import (
     shared_ints,
     user_models_file,
 )
-from .serve import config as serve_config
-from .settings import check
+from specgen.engine import registry
+from specgen.serve import config as serve_config
+from specgen.settings import check
 
 app = typer.Typer(
     add_completion=False,
@@ -79,12 +81,12 @@ def run(
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
 ):
     """Generate text from a prompt (or many: --prompts), speculating with an n-gram predictor."""
-    from .display import TextView
-    from .engine import Engine, Request
-    from .options import Options
-    from .prompts import read_file, read_prompt
-    from .report import summary
-    from .stats import RunStats
+    from specgen.cli.display import TextView
+    from specgen.cli.prompts import read_file, read_prompt
+    from specgen.cli.report import summary
+    from specgen.draft.stats import RunStats
+    from specgen.engine.engine import Engine, Request
+    from specgen.engine.options import Options
 
     group = launch_group(prompt, file, memory)  # under mlx.launch: every rank runs this, rank 0 speaks
     say = Notices(quiet)
@@ -108,7 +110,7 @@ def run(
     if draft is None:
         engine.costs(recalibrate)  # once, before any prompt
     if batch:
-        from .batch_run import run_batch
+        from specgen.api.batch_run import run_batch
 
         raise typer.Exit(run_batch(engine, opts, prompts, output, raw=raw, system=system, say=say))
     ids = shared_ints(group, lambda: engine.encode(
@@ -181,8 +183,8 @@ def serve(
     """Serve the model over an OpenAI-compatible HTTP API (chat and text completions), speculating."""
     import logging
 
-    from .engine import Engine
-    from .serve import ServeConfig, make_server, require_extra
+    from specgen.engine.engine import Engine
+    from specgen.serve import ServeConfig, make_server, require_extra
 
     require_extra()
     check(max_tokens=max_tokens, draft=draft, dtype=dtype)

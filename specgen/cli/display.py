@@ -16,7 +16,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from .report import status_line
+from specgen.cli.report import status_line
 
 DRAFT_STYLE = "cyan"  # --color: text that came from accepted drafts
 UPDATE_EVERY_S = 0.05  # at most 20 live-view updates a second: more would slow small models

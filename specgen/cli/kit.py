@@ -13,8 +13,8 @@ import traceback
 import click
 import typer
 
-from . import registry
-from .errors import SettingError, SpecgenError
+from specgen.engine import registry
+from specgen.errors import SettingError, SpecgenError
 
 EXIT_ERROR, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 130, 141
 # The flag of each setting the library names in its errors and warnings.
@@ -111,7 +111,7 @@ def resolve(model: str) -> registry.ModelSpec:
 def launch_group(prompt: str | None, file: str | None, memory: bool):
     """The mlx.launch group this process runs in (None when not launched, or alone); ranks other
     than 0 print nothing (rank 0 speaks for the group). What cannot be used under it fails here."""
-    from .distributed import world
+    from specgen.engine.distributed import world
 
     w = world()
     if w is not None and w.rank != 0:
@@ -130,7 +130,7 @@ def shared_ints(w, make) -> list[int]:
     `make` on rank 0 ends every rank (rank 0 reports it)."""
     if w is None:
         return make()
-    from .distributed import share_ints
+    from specgen.engine.distributed import share_ints
 
     made, error = None, None
     if w.rank == 0:

@@ -3,52 +3,10 @@ and draft mode, and the `simulate` and `bench` tables (the library itself never 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from .cost import Curve, queue_after
-from .stats import RunStats
-
-
-@dataclass(frozen=True)
-class DraftMode:
-    """How draft lengths are chosen: "auto" (the adaptive drafter, up to `cap`, under `curve`) or
-    "fixed" (the n-gram predictor, exactly up to `cap`)."""
-
-    kind: str
-    cap: int
-    curve: Curve | None = None
-    memory_outputs: int | None = None  # drafting with a memory of this many earlier outputs
-
-    @property
-    def short(self) -> str:
-        """e.g. "auto (up to 64)" or "fixed 4"."""
-        return f"auto (up to {self.cap})" if self.kind == "auto" else f"fixed {self.cap}"
-
-    def __str__(self) -> str:
-        """The short form with the curve and the memory, as JSON's draft_mode."""
-        text = self.short
-        if self.curve is not None:
-            text += f", {describe_curve(self.curve)}"
-        if self.memory_outputs is not None:
-            text += f", memory of {self.memory_outputs} earlier outputs"
-        return text
-
-
-def queued_ahead(after: int) -> str:
-    """How a queue_after policy reads in titles and summaries."""
-    return f"plain steps queued ahead after {after} silent {'one' if after == 1 else 'ones'}"
-
-
-def describe_curve(curve: Curve) -> str:
-    """e.g. "cost x1.00/1.21/1.45/2.03 at 1/2/4/8 positions", and how plain steps run."""
-    ks = [k for k in sorted(curve.relative) if k <= 16]
-    text = ("cost x" + "/".join(f"{curve.relative[k]:.2f}" for k in ks) + " at "
-            + "/".join(map(str, ks)) + " positions")
-    ahead = queue_after(curve)
-    if ahead is not None:
-        text += f"; {queued_ahead(ahead)} (saves {curve.overlap:.0%})"
-    return text
+from specgen.draft.stats import RunStats
+from specgen.engine.mode import queued_ahead
 
 
 def status_line(stats: RunStats) -> str:

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from . import defaults
-from .clikit import (
+from specgen import defaults
+from specgen.cli.kit import (
     DTYPE_HELP,
     Notices,
     cli_errors,
@@ -17,7 +17,7 @@ from .clikit import (
     launch_group,
     resolve,
 )
-from .settings import check
+from specgen.settings import check
 
 
 @cli_errors
@@ -39,19 +39,21 @@ def simulate(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr."),
 ):
     """Replay real model outputs through the drafter: steps, acceptance and predicted speedup."""
-    from .cost import drafting_cost
-    from .drafter import make_drafter
-    from .length import linear_cost
-    from .memory import NGramMemory
-    from .report import DraftMode, simulate_table
-    from .simulate import simulate_file
-    from .traces import load_tokenizer, read_traces
+    from specgen.cli.report import simulate_table
+    from specgen.draft.drafter import make_drafter
+    from specgen.draft.length import linear_cost
+    from specgen.draft.memory import NGramMemory
+    from specgen.draft.simulate import simulate_file
+    from specgen.draft.traces import read_traces
+    from specgen.engine.cost import drafting_cost
+    from specgen.engine.mode import DraftMode
+    from specgen.engine.registry import tokenizer_for
 
     check(draft=draft, ngram_order=ngram_order, window=window, beta=beta, queue_after=pipeline_after,
           overlap=overlap)
     say = Notices(quiet, "specgen simulate")
     mode = DraftMode("auto" if draft is None else "fixed", defaults.MAX_DRAFT if draft is None else draft)
-    encode = load_tokenizer(tokenizer) if tokenizer else None
+    encode = tokenizer_for(tokenizer) if tokenizer else None
     cost = drafting_cost(linear_cost(beta), overlap, pipeline_after)  # as run's, for this policy
     files = [(path, read_traces(path, encode)) for path in traces]
     reports = []
@@ -88,11 +90,12 @@ def bench(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or notices on stderr."),
 ):
     """Measure specgen against mlx-lm's plain greedy decoding on the same prompts."""
-    from .bench import builtin_sets, read_prompt_file, replayer, run_set
-    from .calibrate import blas
-    from .drafter import make_drafter
-    from .prompts import encode_prompt
-    from .report import DraftMode, bench_table
+    from specgen.cli.bench import builtin_sets, read_prompt_file, replayer, run_set
+    from specgen.cli.report import bench_table
+    from specgen.draft.drafter import make_drafter
+    from specgen.engine.calibrate import blas
+    from specgen.engine.mode import DraftMode
+    from specgen.engine.prompts import encode_prompt
 
     group = launch_group(None, None, memory)  # under mlx.launch: every rank runs this, rank 0 speaks
     say = Notices(quiet, "specgen bench")
@@ -100,7 +103,7 @@ def bench(
     if memory and draft is not None:
         fail("--memory drafts only with the adaptive drafter: leave out --draft")
     sets = read_prompt_file(prompts) if prompts else None  # under mlx.launch, on every machine
-    from .engine import Engine
+    from specgen.engine.engine import Engine
 
     engine = Engine.load(model, dtype=dtype, world=group, notice=say.warn, progress=say.progress)
     loaded = engine.loaded
@@ -160,9 +163,9 @@ def cache_list(ctx: typer.Context,
     """List the cache: each model's memory files and calibration curves, and their sizes."""
     if ctx.invoked_subcommand is not None:
         return
-    from . import memory_file
-    from .calibrate import calibration_file, stored_curves
-    from .store import cache_dir
+    from specgen.draft import memory_file
+    from specgen.draft.store import cache_dir
+    from specgen.engine.curve_store import calibration_file, stored_curves
 
     memories = memory_file.stored()
     curves = stored_curves()
@@ -199,8 +202,9 @@ def cache_clear(
     """Delete a model's (or every model's) memories and calibration curves."""
     from pathlib import Path
 
-    from . import memory_file, registry
-    from .calibrate import forget_curves
+    from specgen.draft import memory_file
+    from specgen.engine import registry
+    from specgen.engine.curve_store import forget_curves
 
     if (model is None) == (not all_models):
         fail("say whose entries to clear: -m MODEL or --all (one of the two)")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from .params import DrafterParams
+from specgen.draft.params import DrafterParams
 
 # Rescaling groups whose counts live with the memory (they carry over between requests).
 MEMORY_GROUPS = ("memory", "mcopy", "turn")  # "turn": with a memory only

@@ -1,9 +1,9 @@
 """The adaptive drafter (the default): n-gram tables plus long copies, drafting only as far as
 it pays.
 
-For each position it could draft, it takes a candidate token with its evidence from, in order of
-preference: a copy (copies.py: the history's end occurred before, in the prompt, the output or
-memory's earlier outputs; or it resumes a copy that broke), else the n-gram tables (the request's
+For each position it could draft, it takes a candidate token with its evidence (candidates.py)
+from, in order of preference: a copy (copies.py: the history's end occurred before, in the
+prompt, the output or memory's earlier outputs; or it resumes a copy that broke), else the n-gram tables (the request's
 own, or memory's; when the two disagree, the counts of both decide) or the target's own recycled
 prediction (what it last chose after the same token, in any forward pass, rejected drafts
 included: Token Recycling, Luo et al. 2024), whichever is likelier. Each candidate's chance q
@@ -18,32 +18,25 @@ more copy source, followed and trusted while the output follows it (prediction.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
-from . import defaults
-from .acceptance import MEMORY_GROUPS, Acceptance, Evidence, evidence_for, odds_scaled
-from .copies import Copies, CopySource
-from .errors import SettingError
-from .events import PredictionCounts, Verdict
-from .guess import Guess, NGramGuesser
-from .length import CostFn, choose_length, cost_table, linear_cost
-from .ngram import NGramTables, context_keys, keys_along
-from .params import PARAMS, DrafterParams
-from .prediction import PREDICTED, PREDICTED_REALIGN, Prediction, checked
-from .predictor import BATCH_HASH
-from .settings import check
-
-_HAZARD_KINDS = ("copy", "realign")  # the request's own copies (memory's are other requests')
-
-
-@dataclass
-class Draft:
-    """A draft being built, then remembered (`AdaptiveDrafter.last`) until the loop's verdict."""
-
-    tokens: list[int]
-    evidence: list[Evidence]
-    copy: CopySource | None  # the copy it follows (None once the n-gram tables took over)
+from specgen import defaults
+from specgen.draft.acceptance import (
+    MEMORY_GROUPS,
+    Acceptance,
+    evidence_for,
+)
+from specgen.draft.candidates import HAZARD_KINDS, Draft, candidates
+from specgen.draft.copies import Copies
+from specgen.draft.events import PredictionCounts, Verdict
+from specgen.draft.guess import NGramGuesser
+from specgen.draft.length import CostFn, choose_length, cost_table, linear_cost
+from specgen.draft.ngram import NGramTables, context_keys, keys_along
+from specgen.draft.params import PARAMS, DrafterParams
+from specgen.draft.prediction import Prediction, checked
+from specgen.draft.predictor import BATCH_HASH
+from specgen.errors import SettingError
+from specgen.settings import check
 
 
 class AdaptiveDrafter:
@@ -62,15 +55,15 @@ class AdaptiveDrafter:
         self.ngrams = NGramTables(max_order, min_order)
         self.copies = Copies(self.tokens, params)
         self.acceptance = Acceptance(params)
-        self._evidence = evidence_for(params)
+        self.evidence_table = evidence_for(params)
         self._hashed = max(max_order - 1, params.copy_key)  # context tokens hashed per token
         self._list_keys = window >= max_order - 1  # keys of the whole list are the window's too
         self._keys: tuple[int, list[int]] | None = None  # (tokens fed, keys) from the last draft
         self._table = None  # the cost table, built at the first draft
         self.last: Draft | None = None  # the last draft, until the loop's verdict on it
         self.recycled: dict[int, int] = {}  # token -> the target's latest choice after it
-        self._draw_on(memory)  # sets _ngram (guesses) and _copy_memory (copies)
-        self._respell: dict[int, int] = {}  # the prompt's spelling of an output's first token -> the output's
+        self._draw_on(memory)  # sets ngram_guess (guesses) and _copy_memory (copies)
+        self.respell: dict[int, int] = {}  # the prompt's spelling of an output's first token -> the output's
         predicted = checked(prediction)
         self.prediction = Prediction(predicted, params) if predicted else None
 
@@ -85,12 +78,12 @@ class AdaptiveDrafter:
         predicted = checked(prediction)
         self.prediction = Prediction(predicted, self.params) if predicted else None
         self.copies.restart()
-        self.last, self._respell = None, {}
+        self.last, self.respell = None, {}
         self._draw_on(self.memory)
 
     def _draw_on(self, memory) -> None:
         """Guess and copy from `memory` as well as the request (None: from the request alone)."""
-        self._ngram = NGramGuesser(self.ngrams, self.acceptance, self._evidence, self.params, memory).guess
+        self.ngram_guess = NGramGuesser(self.ngrams, self.acceptance, self.evidence_table, self.params, memory).guess
         self._copy_memory = memory  # memory's stream, for copies
 
     # --- learning ---------------------------------------------------------------------------
@@ -139,7 +132,7 @@ class AdaptiveDrafter:
             # Memory's acceptance lives with the memory: it carries over between requests.
             (self.memory.acceptance if ev.group in MEMORY_GROUPS and self.memory is not None
              else self.acceptance).record(ev, hit)
-            if ev.kind in _HAZARD_KINDS:
+            if ev.kind in HAZARD_KINDS:
                 self.copies.hazards.record(prev, not hit)
             prev = last.tokens[i]
         if self.prediction is not None:
@@ -187,11 +180,11 @@ class AdaptiveDrafter:
             copy = self.prediction.find(keys, toks, copy)
         guess = None
         if copy is None:
-            guess = self._ngram(keys)
+            guess = self.ngram_guess(keys)
             if guess is None and toks[-1] not in self.recycled:  # nothing to go on: no draft
                 return None
         made = Draft([], [], copy)
-        k = choose_length(self._candidates(keys, made, guess), table, room, self.params.min_p)
+        k = choose_length(candidates(self, keys, made, guess), table, room, self.params.min_p)
         if k == 0:
             return None
         del made.tokens[k:], made.evidence[k:]
@@ -204,87 +197,9 @@ class AdaptiveDrafter:
         often its turns begin as earlier ones did (memory's acceptance of "turn" evidence)."""
         if respell is None:
             return
-        self._respell = respell
+        self.respell = respell
         self._draw_on(None)
 
-    def _candidates(self, keys: list[int] | None, made: Draft, guess: Guess | None) -> Iterator[float]:
-        """Each next candidate's acceptance chance, after appending it (and its evidence) to `made`;
-        a copy gives way to the n-gram tables where they disagree and are likelier. `guess`: the
-        n-gram guess for the first position, when already known."""
-        p, table = self.params, self._evidence
-        order = self.max_order - 1
-        ctx = self.tokens[-order:]
-        tokens, evidence = made.tokens, made.evidence
-        src = made.copy
-        if src is not None:
-            seq, pos, end, own = src.tokens, src.pos, src.end, src.own
-            predicted = src.how == PREDICTED or src.how == PREDICTED_REALIGN
-            realign = src.how == "realign" or src.how == PREDICTED_REALIGN
-            turn = src.how == "turn"  # its first token is a guess that this turn begins as that one
-            respell = self._respell if own and len(self.tokens) == self.copies.start else None
-            realigned = table.predicted_realign if predicted else table.realign
-            last_realign = len(realigned) - 1
-            match = p.match_cap + 1 if src.how == "trusted" else src.match
-            cont = self.copies.is_followed(pos) if own else predicted and self.prediction.is_followed(pos)
-            by_bucket = table.copy[2 if predicted else 0 if own else 1]
-            bucket_of, top = table.bucket_of, len(table.bucket_of) - 1
-            q_of = (self.acceptance if own or predicted else self.memory.acceptance).q
-            subst = self.copies.substitutions.forward if own else None
-            hazards = self.copies.hazards
-        i = 0
-        while True:
-            if made.copy is not None:
-                at = pos + i
-                if at < end:
-                    tok = seq[at]
-                elif own:  # the copy reached the end: it repeats what it just drafted
-                    tok = tokens[at - end]
-                else:
-                    return
-                alt, agree = None, True
-                if turn and i == 0:  # the tables, knowing the output's first token, may know better
-                    share = self.copies.turns.share
-                    ev = table.turn[2 if share >= 0.8 else 1 if share >= 0.5 else 0]
-                    alt = self._ngram(keys or context_keys(ctx, order))
-                    agree = alt is None or alt.token == tok
-                elif respell and i == 0 and tok in respell:  # the output's first token
-                    tok, ev = respell[tok], by_bucket[bucket_of[match if match < top else top]][1][cont]
-                elif subst and at < end and tok in subst:
-                    tok, ev = subst[tok], table.subst
-                elif realign:
-                    ev = realigned[i if i < last_realign else last_realign]
-                else:
-                    m = match + i
-                    if m < p.agree_below:
-                        alt = self._ngram(keys or context_keys(ctx, order))
-                        agree = alt is None or alt.token == tok
-                    ev = by_bucket[bucket_of[m if m < top else top]][agree][cont]  # table.copy_at, inlined
-                q = q_of(ev) if not (turn and i == 0) else (
-                    self.memory.acceptance if self.memory is not None else self.acceptance).q(ev)
-                if ev.kind in _HAZARD_KINDS and ctx[-1] in hazards.after:
-                    factor = hazards.odds(ctx[-1])
-                    if factor < 1.0:
-                        q = odds_scaled(q, factor)
-                if alt is not None and not agree and alt.q > q:
-                    made.copy = None  # the tables know better: stop copying
-                    tok, ev, q = alt.token, alt.evidence, alt.q
-            else:
-                alt = guess or self._ngram(keys or context_keys(ctx, order))
-                guess = None
-                mine = self.recycled.get(ctx[-1])
-                if mine is not None:
-                    q = self.acceptance.q(table.recycled)
-                    if alt is None or q > alt.q:
-                        alt = Guess(mine, table.recycled, q)
-                if alt is None:
-                    return
-                tok, ev, q = alt.token, alt.evidence, alt.q
-            tokens.append(tok)
-            evidence.append(ev)
-            yield q
-            i += 1
-            ctx.append(tok)
-            keys = None  # hashed again only if the n-gram tables are asked
 
 def make_drafter(draft: int | None = None, *, max_order: int = defaults.MAX_ORDER,
                  window: int = defaults.WINDOW, cost: CostFn | None = None, memory=None,
@@ -298,6 +213,6 @@ def make_drafter(draft: int | None = None, *, max_order: int = defaults.MAX_ORDE
                                prediction=prediction)
     if prediction:
         raise SettingError("prediction", "is used only by the adaptive drafter (leave draft unset)")
-    from .predictor import NGramPredictor
+    from specgen.draft.predictor import NGramPredictor
 
     return NGramPredictor(max_order, window)

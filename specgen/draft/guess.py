@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .acceptance import Acceptance, Evidence, EvidenceTable
-from .ngram import Entry, NGramTables
-from .params import DrafterParams
+from specgen.draft.acceptance import Acceptance, Evidence, EvidenceTable
+from specgen.draft.ngram import Entry, NGramTables
+from specgen.draft.params import DrafterParams
 
 
 class Guess:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import copy
 from bisect import bisect_right
 
-from . import defaults
-from .acceptance import Acceptance, Judged
-from .copies import CopyIndex
-from .ngram import context_keys, keys_along
-from .params import PARAMS, DrafterParams
-from .predictor import NGramPredictor
+from specgen import defaults
+from specgen.draft.acceptance import Acceptance, Judged
+from specgen.draft.copies import CopyIndex
+from specgen.draft.ngram import context_keys, keys_along
+from specgen.draft.params import PARAMS, DrafterParams
+from specgen.draft.predictor import NGramPredictor
 
 MAX_CONTEXTS = 200_000  # n-gram contexts a model's memory keeps (a few MB on disk)
 MAX_STREAM = 200_000  # tokens of earlier outputs kept verbatim for long copies

@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .acceptance import Judged
-from .memory import NGramMemory
-from .store import CACHE_ENV, cache_dir, locked, write_atomic
+from specgen.draft.acceptance import Judged
+from specgen.draft.memory import NGramMemory
+from specgen.draft.store import CACHE_ENV, cache_dir, locked, write_atomic
 
 FORMAT, VERSION = "specgen-memory", 1
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import operator
 from typing import NamedTuple, Sequence
 
-from .acceptance import Evidence
-from .copies import CopyIndex, CopySource, longest_match
-from .errors import SettingError
-from .events import PredictionCounts
-from .ngram import keys_along
-from .params import DrafterParams
+from specgen.draft.acceptance import Evidence
+from specgen.draft.copies import CopyIndex, CopySource, longest_match
+from specgen.draft.events import PredictionCounts
+from specgen.draft.ngram import keys_along
+from specgen.draft.params import DrafterParams
+from specgen.errors import SettingError
 
 PREDICTED, PREDICTED_REALIGN = "predicted", "predicted realign"  # CopySource.how of its copies
 

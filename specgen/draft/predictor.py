@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from . import defaults
-from .ngram import NGramTables, context_keys, keys_along
+from specgen import defaults
+from specgen.draft.ngram import NGramTables, context_keys, keys_along
 
 BATCH_HASH = 32  # from this many tokens fed at once, hashing them together beats one at a time
 

@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from . import defaults
-from .events import Drafter, Verdict
-from .length import CostFn, linear_cost
-from .schedule import Schedule
-from .stats import Counts, ratio
-from .traces import Trace
+from specgen import defaults
+from specgen.draft.events import Drafter, Verdict
+from specgen.draft.length import CostFn, linear_cost
+from specgen.draft.schedule import Schedule
+from specgen.draft.stats import Counts, ratio
+from specgen.draft.traces import Trace
 
 
 @dataclass

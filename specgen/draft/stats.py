@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .events import Prefilled, Speculation, Step
+from specgen.draft.events import Prefilled, Speculation, Step
 
 
 def ratio(num: float, den: float) -> float:

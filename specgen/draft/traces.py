@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .errors import InputError
+from specgen.errors import InputError
 
 
 @dataclass
@@ -27,19 +27,10 @@ class Trace:
 
 def load_tokenizer(spec: str) -> Callable[[str], list[int]]:
     """An encoder (text -> ids, no special tokens) from a sentencepiece .model, a tokenizer.json, or
-    a model folder or alias holding one of them."""
+    a folder holding one of them (a model alias: `registry.tokenizer_for`)."""
     path = Path(spec).expanduser()
     if not path.exists():
-        from . import registry
-
-        try:
-            model = registry.resolve(spec, registry.load_registry())
-        except Exception as e:
-            raise InputError(f"no tokenizer at {spec}: not a file, folder or known alias") from e
-        source = registry.local_source(model.source)
-        path = Path(source)
-        if not path.exists():
-            raise InputError(f"simulate needs a local tokenizer; '{spec}' is not downloaded ({source})")
+        raise InputError(f"no tokenizer at {spec}: not a file or folder")
     if path.is_dir():
         for name in ("tokenizer.model", "tokenizer.json"):
             if (path / name).is_file():

@@ -1,6 +1,7 @@
 """Measuring the verify-cost curve: how long a forward pass over k positions takes relative to
 one position, and what queuing a plain step ahead saves (the overlap), once per model and
-machine, cached in the cache directory (cost.py turns them into the drafter's cost function).
+machine, cached in the cache directory (curve_store.py; cost.py turns them into the drafter's cost
+function).
 
 Measuring is bounded by BUDGET_S: sizes are timed in increasing order while they fit in it, and
 no wider once one costs nearly as much as that many single positions (no draft of that width can
@@ -10,18 +11,18 @@ pay); the rounds are as many as fit in what is left.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import NamedTuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from .cost import (
+from specgen.draft.length import CostFn
+from specgen.draft.store import CACHE_ENV, locked, write_atomic
+from specgen.engine.cost import (
     Curve,
     cost_function,
     drafting_cost,
@@ -29,10 +30,15 @@ from .cost import (
     relative,
     unprofitable,
 )
-from .distributed import World, share
-from .length import CostFn
-from .rollback import Rollback
-from .store import CACHE_ENV, cache_dir, locked, write_atomic
+from specgen.engine.curve_store import (
+    calibration_file,
+    flat,
+    read_store,
+    unflat,
+    valid_curve,
+)
+from specgen.engine.distributed import World, share
+from specgen.engine.rollback import Rollback
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that may be timed
 CONTEXT = 32  # tokens in the cache while timing, at least (a short prompt; priming a slow model costs)
@@ -173,45 +179,10 @@ def measure_overlap(model, sample: list[int], one_s: float) -> float:
     return max(0.0, 1.0 - statistics.median(ratios))
 
 
-def calibration_file() -> Path:
-    return cache_dir() / "calibration.json"
-
-
 class Calibrated(NamedTuple):
     curve: Curve
     fresh: bool  # measured now (else read from the cache)
     warning: str | None  # the cache could not be read or written
-
-
-def _valid(entry) -> Curve | None:
-    """The curve of a cache entry, or None if the entry is damaged in any way."""
-    try:
-        rel = {int(k): float(v) for k, v in entry["relative"].items()}
-        overlap = float(entry["overlap"])
-    except (KeyError, ValueError, TypeError, AttributeError):
-        return None
-    if (len(rel) < 2 or 1 not in rel or not all(k >= 1 and math.isfinite(v) and v >= 1.0 for k, v in rel.items())
-            or not (math.isfinite(overlap) and 0.0 <= overlap < 1.0)):
-        return None
-    return Curve(rel, overlap)
-
-
-def _read(path: Path) -> dict:
-    try:
-        store = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    return store if isinstance(store, dict) else {}
-
-
-def _flat(curve: Curve | None) -> list[float]:
-    return [] if curve is None else [curve.overlap, *(x for kv in sorted(curve.relative.items()) for x in kv)]
-
-
-def _unflat(values: list[float]) -> Curve | None:
-    if not values:
-        return None
-    return Curve({int(k): v for k, v in zip(values[1::2], values[2::2])}, values[0])
 
 
 def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bool = False,
@@ -225,11 +196,11 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     key = f"{model_key}|{machine_id()}" + (f"|{world.size} ranks" if world else "")
     warning = None
     try:
-        cached = None if recalibrate else _valid(_read(path).get(key))
+        cached = None if recalibrate else valid_curve(read_store(path).get(key))
     except (OSError, ValueError) as e:
         cached, warning = None, f"cannot read {path} ({e}); measuring again"
     if world is not None:
-        cached = _unflat(share(world, _flat(cached) if world.rank == 0 else None))
+        cached = unflat(share(world, flat(cached) if world.rank == 0 else None))
     if cached is not None:
         return Calibrated(cached, False, warning)
     before_measuring()
@@ -237,7 +208,7 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     if world is None:
         curve = Curve(relative(seconds), measure_overlap(model, sample, seconds[min(seconds)]))
     else:
-        curve = _unflat(share(world, _flat(Curve(relative(seconds))) if world.rank == 0 else None))
+        curve = unflat(share(world, flat(Curve(relative(seconds))) if world.rank == 0 else None))
         if world.rank != 0:
             return Calibrated(curve, True, None)  # rank 0 keeps the cache
     entry = {"relative": {str(k): v for k, v in curve.relative.items()}, "overlap": curve.overlap,
@@ -245,7 +216,7 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     try:
         with locked(path):  # another process may be saving its own model's curve
             try:
-                store = _read(path)
+                store = read_store(path)
             except ValueError:
                 store = {}  # damaged: replaced by what is measured now
             store[key] = entry
@@ -254,31 +225,6 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
         warning = (f"cannot save the calibration to {path} ({e.strerror or e}); "
                    f"set {CACHE_ENV} to a writable folder")
     return Calibrated(curve, True, warning)
-
-
-def stored_curves() -> dict[str, dict]:
-    """The cached calibration entries, by "model key|machine"."""
-    try:
-        return _read(calibration_file())
-    except (OSError, ValueError):
-        return {}
-
-
-def forget_curves(model_key: str | None = None) -> int:
-    """Drop the cached curves of one model (on every machine), or all of them; how many went."""
-    path = calibration_file()
-    if not path.exists():
-        return 0
-    with locked(path):
-        try:
-            store = _read(path)
-        except ValueError:
-            store = {}  # damaged: nothing in it can be used anyway
-        gone = [k for k in store if model_key is None or k.split("|", 1)[0] == model_key]
-        for k in gone:
-            del store[k]
-        write_atomic(path, lambda f: f.write(json.dumps(store, indent=1).encode()))
-    return len(gone)
 
 
 class Costs(NamedTuple):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from .length import CostFn, Refeed
+from specgen.draft.length import CostFn, Refeed
 
 # Queuing plain steps ahead: after how many silent drafter steps, by what it saves (the overlap).
 # (overlap above which, silent steps), first match wins; see docs/design.md for the replays.

@@ -12,14 +12,14 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import defaults
-from .errors import InputError
-from .events import Drafter, Prefilled, Speculation, Step, Verdict
-from .predictor import NGramPredictor
-from .rollback import Rollback
-from .sampling import GREEDY, Selector
-from .schedule import Schedule
-from .settings import check
+from specgen import defaults
+from specgen.draft.events import Drafter, Prefilled, Speculation, Step, Verdict
+from specgen.draft.predictor import NGramPredictor
+from specgen.draft.schedule import Schedule
+from specgen.engine.rollback import Rollback
+from specgen.engine.sampling import GREEDY, Selector
+from specgen.errors import InputError
+from specgen.settings import check
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass, as in mlx_lm.generate_step
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from .errors import DistributedError, ModelError
+from specgen.errors import DistributedError, ModelError
 
 
 class World(NamedTuple):

@@ -21,15 +21,16 @@ from typing import Callable, Iterator, Sequence
 import mlx.core as mx
 from mlx_lm.generate import GenerationResponse
 
-from . import decode, defaults, registry
-from .drafter import AdaptiveDrafter, make_drafter
-from .events import Prefilled
-from .options import Options
-from .prompts import encode_prompt
-from .report import DraftMode
-from .sampling import Selector, make_selector
-from .stats import RunStats
-from .stops import StopText
+from specgen import defaults
+from specgen.draft.drafter import AdaptiveDrafter, make_drafter
+from specgen.draft.events import Prefilled
+from specgen.draft.stats import RunStats
+from specgen.engine import decode, registry
+from specgen.engine.mode import DraftMode
+from specgen.engine.options import Options
+from specgen.engine.prompts import encode_prompt
+from specgen.engine.sampling import Selector, make_selector
+from specgen.engine.stops import StopText
 
 _log = logging.getLogger("specgen")
 MEMORY_SAVE_S = 30.0  # a memory that learns is saved at most this often (and by save_memory)
@@ -99,7 +100,7 @@ class Engine:
     def costs(self, recalibrate: bool = False):
         """The model's verify cost on this machine (calibrate.model_costs), measured at most once."""
         if self._costs is None or recalibrate:
-            from .calibrate import model_costs
+            from specgen.engine.calibrate import model_costs
 
             found = model_costs(self.loaded.model, self.loaded.calibration_key, self.loaded.tokenizer,
                                 recalibrate=recalibrate, world=self.world,
@@ -116,7 +117,7 @@ class Engine:
     def memory(self, ngram_order: int = defaults.MAX_ORDER):
         """This model's memory of earlier outputs (read once; an unusable file is a notice)."""
         if ngram_order not in self._memories:
-            from . import memory_file
+            from specgen.draft import memory_file
 
             path = memory_file.memory_path(self.loaded.key, ngram_order)
             mem, warning = memory_file.load(path, self.loaded.key,
@@ -129,7 +130,7 @@ class Engine:
 
     def save_memory(self) -> None:
         """Write what the memories learnt since they were read (locked, atomic, merged)."""
-        from . import memory_file
+        from specgen.draft import memory_file
 
         for mem, path in self._memories.values():
             if mem.unsaved():

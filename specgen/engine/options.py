@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import defaults
-from .errors import SettingError
-from .settings import check
+from specgen import defaults
+from specgen.errors import SettingError
+from specgen.settings import check
 
 
 @dataclass(frozen=True)

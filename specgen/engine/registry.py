@@ -9,8 +9,10 @@ import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
-from .errors import ConfigError, ModelError
+from specgen.draft.traces import load_tokenizer
+from specgen.errors import ConfigError, InputError, ModelError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,7 +61,7 @@ class LoadedModel:
 def packaged_models_file() -> Path:
     """The models.toml that ships with specgen (package data in a wheel, the repo root in a checkout)."""
     packaged = Path(str(resources.files("specgen"))) / "models.toml"
-    return packaged if packaged.is_file() else Path(__file__).resolve().parent.parent / "models.toml"
+    return packaged if packaged.is_file() else Path(__file__).resolve().parents[2] / "models.toml"
 
 
 def bundled_path(name: str) -> Path:
@@ -219,7 +221,7 @@ def load(spec: ModelSpec, *, dtype: str | None = None, world=None) -> LoadedMode
     sharding = "none"
     try:
         if world is not None:
-            from .distributed import load_sharded
+            from specgen.engine.distributed import load_sharded
 
             model, tokenizer, config, sharding = load_sharded(source, spec.name, world)
         else:
@@ -263,3 +265,16 @@ def wrap(model, tokenizer) -> LoadedModel:
     config = vars(args) if args is not None and hasattr(args, "__dict__") else {}
     return LoadedModel(ModelSpec(type(model).__module__.rsplit(".", 1)[-1], ""), model, tokenizer,
                        _context_length(config), frozenset(tokenizer.eos_token_ids), key, config=config)
+
+
+def tokenizer_for(spec: str) -> Callable[[str], list[int]]:
+    """An encoder (text -> ids) from a tokenizer file or folder, or a known alias's local folder."""
+    if not Path(spec).expanduser().exists():
+        try:
+            model = resolve(spec, load_registry())
+        except Exception as e:
+            raise InputError(f"no tokenizer at {spec}: not a file, folder or known alias") from e
+        spec = local_source(model.source)
+        if not Path(spec).exists():
+            raise InputError(f"simulate needs a local tokenizer; the model is not downloaded ({spec})")
+    return load_tokenizer(spec)

@@ -19,9 +19,9 @@ from typing import NamedTuple, Protocol, Sequence
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from . import defaults
-from .ngram import fnv1a_64
-from .settings import check
+from specgen import defaults
+from specgen.draft.ngram import fnv1a_64
+from specgen.settings import check
 
 # Smallest gap between a row's best two scores (logits, or sampling's perturbed log-probabilities
 # times the temperature) that a batched row may decide; by the logits' dtype (docs/design.md).

@@ -8,8 +8,8 @@ limits.py the body-size limit. Generation itself is the engine's (engine.py): on
 
 from __future__ import annotations
 
-from ..errors import SpecgenError
-from .config import ServeConfig
+from specgen.errors import SpecgenError
+from specgen.serve.config import ServeConfig
 
 GRACE_S = 5.0  # after Ctrl-C / SIGTERM, how long open responses get to end (their jobs are cancelled)
 
@@ -30,7 +30,7 @@ def make_server(engine, config: ServeConfig, host: str, port: int, *, log_level:
     require_extra()
     import uvicorn
 
-    from .app import create_app
+    from specgen.serve.app import create_app
 
     app = create_app(engine, config)
 

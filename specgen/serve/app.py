@@ -1,10 +1,9 @@
 """The HTTP routes: OpenAI's chat and text completions (plain and streamed), models and health.
 
-A route checks its request (schema.py), makes the prompt's token ids (prompting.py) off the event
-loop, queues a job on the worker (worker.py) and turns the engine's responses into OpenAI's
-shapes. Every error is OpenAI's `{"error": {...}}` with the field it is about: 400 for what a
-request says, 401 without the key, 404 for another model, 413 for a body over the limit, 429 when
-the queue is full, 503 when the worker cannot serve.
+A route checks its request (schema.py), makes the prompt's ids (prompting.py) off the event loop,
+queues a job on the worker (worker.py) and shapes the engine's responses as OpenAI's. Errors are
+OpenAI's `{"error": {...}}` naming the field: 400 for what a request says, 401 without the key, 404
+for another model, 413 for a body over the limit, 429 when the queue is full, 503 worker down.
 """
 
 from __future__ import annotations
@@ -24,13 +23,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..engine import Engine, Response
-from ..errors import SettingError, SpecgenError
-from .config import ServeConfig
-from .limits import BodyLimit
-from .prompting import Splitter, chat_ids, completion_ids
-from .schema import ApiError, ChatRequest, CompletionRequest, Generation, setting_error
-from .worker import Job, Worker, stopping_error
+from specgen.engine.engine import Engine, Response
+from specgen.errors import SettingError, SpecgenError
+from specgen.serve.config import ServeConfig
+from specgen.serve.limits import BodyLimit
+from specgen.serve.prompting import Splitter, chat_ids, completion_ids
+from specgen.serve.schema import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    Generation,
+    setting_error,
+)
+from specgen.serve.worker import Job, Worker, stopping_error
 
 _log = logging.getLogger("specgen.serve")
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait
@@ -57,7 +62,6 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     if config.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
-
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"])
 

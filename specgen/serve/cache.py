@@ -20,7 +20,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from ..drafter import AdaptiveDrafter
+from specgen.draft.drafter import AdaptiveDrafter
 
 DRAFTERS = 4  # drafters kept (each holds its conversation's tokens and tables)
 ENTRIES = 64  # model caches kept at most, however small (mlx-lm's LRU also counts entries)

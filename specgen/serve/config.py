@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import defaults
+from specgen import defaults
 
 HOST = "127.0.0.1"  # loopback unless told otherwise
 PORT = 8080

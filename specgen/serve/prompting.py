@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
-from ..engine import Engine
-from ..errors import SpecgenError
-from .schema import ChatRequest, CompletionRequest, bad
+from specgen.engine.engine import Engine
+from specgen.errors import SpecgenError
+from specgen.serve.schema import ChatRequest, CompletionRequest, bad
 
 _log = logging.getLogger("specgen.serve")
 

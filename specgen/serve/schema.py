@@ -15,9 +15,9 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import defaults
-from ..errors import SettingError
-from ..options import Options
+from specgen import defaults
+from specgen.engine.options import Options
+from specgen.errors import SettingError
 
 # The request field for each Options setting that the API names differently.
 FIELDS = {"temp": "temperature"}

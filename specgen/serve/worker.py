@@ -16,12 +16,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from ..engine import Engine, Request
-from ..errors import SpecgenError
-from ..options import Options
-from ..stats import RunStats
-from .cache import DrafterCache, PromptCache
-from .schema import ApiError
+from specgen.draft.stats import RunStats
+from specgen.engine.engine import Engine, Request
+from specgen.engine.options import Options
+from specgen.errors import SpecgenError
+from specgen.serve.cache import DrafterCache, PromptCache
+from specgen.serve.schema import ApiError
 
 _log = logging.getLogger("specgen.serve")
 

@@ -1,0 +1,73 @@
+"""The calibration file: measured cost curves by "model key|machine", in the cache directory.
+
+Entries are checked when read (a damaged one reads as none), and the file is written atomically
+under a lock (calibrate.py measures and saves; `specgen cache` lists and forgets)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from specgen.draft.store import cache_dir, locked, write_atomic
+from specgen.engine.cost import Curve
+
+
+def calibration_file() -> Path:
+    return cache_dir() / "calibration.json"
+
+
+def valid_curve(entry) -> Curve | None:
+    """The curve of a cache entry, or None if the entry is damaged in any way."""
+    try:
+        rel = {int(k): float(v) for k, v in entry["relative"].items()}
+        overlap = float(entry["overlap"])
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+    if (len(rel) < 2 or 1 not in rel or not all(k >= 1 and math.isfinite(v) and v >= 1.0 for k, v in rel.items())
+            or not (math.isfinite(overlap) and 0.0 <= overlap < 1.0)):
+        return None
+    return Curve(rel, overlap)
+
+
+def read_store(path: Path) -> dict:
+    try:
+        store = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    return store if isinstance(store, dict) else {}
+
+
+def flat(curve: Curve | None) -> list[float]:
+    return [] if curve is None else [curve.overlap, *(x for kv in sorted(curve.relative.items()) for x in kv)]
+
+
+def unflat(values: list[float]) -> Curve | None:
+    if not values:
+        return None
+    return Curve({int(k): v for k, v in zip(values[1::2], values[2::2])}, values[0])
+
+
+def stored_curves() -> dict[str, dict]:
+    """The cached calibration entries, by "model key|machine"."""
+    try:
+        return read_store(calibration_file())
+    except (OSError, ValueError):
+        return {}
+
+
+def forget_curves(model_key: str | None = None) -> int:
+    """Drop the cached curves of one model (on every machine), or all of them; how many went."""
+    path = calibration_file()
+    if not path.exists():
+        return 0
+    with locked(path):
+        try:
+            store = read_store(path)
+        except ValueError:
+            store = {}  # damaged: nothing in it can be used anyway
+        gone = [k for k in store if model_key is None or k.split("|", 1)[0] == model_key]
+        for k in gone:
+            del store[k]
+        write_atomic(path, lambda f: f.write(json.dumps(store, indent=1).encode()))
+    return len(gone)

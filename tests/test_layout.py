@@ -1,0 +1,94 @@
+"""The package's layout holds: imports run one way (cli, serve -> api -> engine -> draft -> base),
+the model-free part loads without MLX, and no module outgrows one idea."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "specgen"
+# A module may import its own layer or a lower one (a higher rank); base modules import only base.
+RANK = {"cli": 0, "serve": 1, "api": 2, "engine": 3, "draft": 4, "base": 5}
+MAX_LINES = 300
+# The top package's lazy API and `python -m specgen` are facades of the layer they forward to.
+FACADES = {"specgen": "api", "specgen.__main__": "cli"}
+
+
+def layer(module: str) -> str:
+    """specgen.engine.decode -> engine; specgen.errors -> base."""
+    parts = module.split(".")
+    if module in FACADES:
+        return FACADES[module]
+    return parts[1] if len(parts) > 1 and parts[1] in RANK else "base"
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        yield name, path, ast.parse(path.read_text())
+
+
+def imported(name: str, path: Path, tree: ast.AST):
+    """Every specgen module (or package) this file imports, absolute."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            yield base
+            yield from (f"{base}.{a.name}" for a in node.names)
+
+
+def test_imports_run_one_way():
+    wrong = []
+    for name, path, tree in modules():
+        for target in imported(name, path, tree):
+            if target == "specgen" or not target.startswith("specgen."):
+                continue
+            top = target.split(".")[1]
+            if top not in RANK and not (PACKAGE / f"{top}.py").exists():
+                continue  # a name imported from a package, not a module
+            if RANK[layer(target)] < RANK[layer(name)]:
+                wrong.append(f"{name} ({layer(name)}) imports {target} ({layer(target)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_rule_catches_an_upward_import():
+    tree = ast.parse("from specgen.engine.decode import generate\nfrom ..cli import kit\n")
+    found = list(imported("specgen.draft.ngram", PACKAGE / "draft" / "ngram.py", tree))
+    assert "specgen.engine.decode" in found and "specgen.cli.kit" in found
+    assert RANK[layer("specgen.engine.decode")] < RANK[layer("specgen.draft.ngram")]
+
+
+@pytest.mark.parametrize("name,path,tree", [m for m in modules() if m[0].startswith("specgen.draft")],
+                         ids=lambda m: m if isinstance(m, str) else "")
+def test_model_free_code_does_not_import_mlx(name, path, tree):
+    assert not [t for t in imported(name, path, tree) if t.split(".")[0] in ("mlx", "mlx_lm")]
+
+
+def test_specgen_and_the_drafter_load_without_mlx():
+    draft = [n for n, _, _ in modules() if n.startswith("specgen.draft")]
+    code = ("import sys\nsys.modules.update({m: None for m in ('mlx', 'mlx.core', 'mlx_lm')})\n"
+            "import importlib, specgen\n"
+            f"for m in {draft + ['specgen.engine.options', 'specgen.engine.cost', 'specgen.engine.mode']!r}:\n"
+            "    importlib.import_module(m)\n"
+            "assert 'mlx' not in [k.split('.')[0] for k, v in sys.modules.items() if v is not None]\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_no_module_outgrows_one_idea():
+    long = [f"{n}: {len(p.read_text().splitlines())}" for n, p, _ in modules()
+            if len(p.read_text().splitlines()) > MAX_LINES]
+    assert not long, long
+
+
+def test_every_module_says_what_it_owns():
+    assert not [n for n, _, tree in modules() if not ast.get_docstring(tree) and not n.endswith("__main__")]
