@@ -52,10 +52,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(name: str, model: str, log: Path) -> tuple[subprocess.Popen, str]:
+def start(name: str, model: str, log: Path, extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
+    """`specgen serve` or `mlx_lm.server` (with `extra` flags) on a free loopback port, once healthy."""
     port = free_port()
     cmd = ([sys.executable, "-m", "specgen", "serve", "-m", model, "--port", str(port)] if name == "specgen"
-           else [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", str(port)])
+           else [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", str(port)]) + list(extra)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300

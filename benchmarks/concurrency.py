@@ -1,0 +1,232 @@
+"""Many requests at once: `specgen serve` against `mlx_lm.server`, and `run --prompts --batch`
+against `mlx_lm.batch_generate`, on the same model.
+
+Serving: at each level (1, 2, 4, 8, 16 clients by default) every round sends that many streamed
+chat requests at once (grounded, code-fix and chat prompts mixed) to one server, then the same
+requests to the other (which goes first alternates by round). Each request is new to both servers:
+its user message starts with its own number, so neither the prompt caches nor the drafters have
+seen it. Per level: aggregate tok/s (completion tokens of the round / the round's wall time),
+time to first token, inter-chunk latency p50/p99 (the stalls a streaming client sees), and
+whether every text equals the other server's.
+
+Batch: the same prompt file of --batch-prompts prompts through `specgen run --prompts --batch N`
+and through mlx_lm.batch_generate, each a whole process (load included), alternating.
+
+Long prefill: while a long prompt (--long-tokens) is being prefilled, a short request is sent;
+its time to first token shows whether prefill is chunked between decode steps.
+
+    apt-get install -y libopenblas0-pthread
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/concurrency.py --rounds 3
+
+With no --model, the shared SmolLM2 is dequantized to float32 into /tmp once. Prints one JSON line
+per measurement and writes them all to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve import ROOT, SETS, float32_model, start  # noqa: E402  (benchmarks/serve.py's helpers)
+
+SERVERS = ("specgen", "mlx_lm")
+
+
+def prompt_pool() -> list[str]:
+    """Grounded, code-fix and chat prompts interleaved, so every level mixes the three."""
+    sets = [[json.loads(line)["prompt"] for line in (SETS / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("grounded", "code_fix", "chat")]
+    return [p for group in zip(*sets) for p in group]
+
+
+def numbered(n: int, pool: list[str]) -> str:
+    """Request n's prompt: new to every cache (its first words differ from every earlier one's)."""
+    return f"Request {n}.\n\n{pool[n % len(pool)]}"
+
+
+def ask(client: openai.OpenAI, prompt: str, max_tokens: int) -> dict:
+    """One streamed request: its text, token count and when each chunk came."""
+    t0 = time.perf_counter()
+    times, text, tokens = [], [], 0
+    for chunk in client.chat.completions.create(model="default_model", max_tokens=max_tokens, temperature=0.0,
+                                                messages=[{"role": "user", "content": prompt}], stream=True,
+                                                stream_options={"include_usage": True}):
+        if chunk.choices and chunk.choices[0].delta.content:
+            times.append(time.perf_counter())
+            text.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    return {"start": t0, "end": time.perf_counter(), "ttft": times[0] - t0 if times else None,
+            "gaps": [b - a for a, b in zip(times, times[1:])], "text": "".join(text), "tokens": tokens}
+
+
+def at_once(client: openai.OpenAI, prompts: list[str], max_tokens: int) -> list[dict]:
+    """Every prompt sent at the same moment, each from its own thread (a client of its own)."""
+    results: list[dict | None] = [None] * len(prompts)
+    gate = threading.Barrier(len(prompts))
+
+    def one(i: int) -> None:
+        gate.wait()
+        results[i] = ask(client, prompts[i], max_tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def level_row(clients: int, rounds: dict[str, list[list[dict]]]) -> dict:
+    """Medians over rounds of aggregate tok/s, the ratio specgen/mlx_lm per round (min-max), TTFT
+    and inter-chunk latency percentiles over every request, and whether the texts agree."""
+    def tps(rnd):
+        return sum(r["tokens"] for r in rnd) / (max(r["end"] for r in rnd) - min(r["start"] for r in rnd))
+
+    agg = {k: [tps(rnd) for rnd in v] for k, v in rounds.items()}
+    ratios = [a / b for a, b in zip(agg["specgen"], agg["mlx_lm"])]
+    flat = {k: [r for rnd in v for r in rnd] for k, v in rounds.items()}
+    row = {"clients": clients, "rounds": len(ratios), "speedup_median": round(statistics.median(ratios), 3),
+           "speedup_min": round(min(ratios), 3), "speedup_max": round(max(ratios), 3),
+           "identical": all(a["text"] == b["text"] for a, b in zip(flat["specgen"], flat["mlx_lm"]))}
+    for k, reqs in flat.items():
+        gaps = [g for r in reqs for g in r["gaps"]]
+        row[k] = {"tok_s": round(statistics.median(agg[k]), 2),
+                  "ttft_p50_s": round(pct([r["ttft"] for r in reqs if r["ttft"] is not None], 0.5), 3),
+                  "ttft_max_s": round(max(r["ttft"] or 0 for r in reqs), 3),
+                  "itl_p50_ms": round(1e3 * pct(gaps, 0.5), 1), "itl_p99_ms": round(1e3 * pct(gaps, 0.99), 1)}
+    return row
+
+
+def serving(model: str, levels: list[int], rounds: int, max_tokens: int, max_batch: int | None) -> list[dict]:
+    pool, n, rows = prompt_pool(), 0, []
+    extra = ["--max-batch", str(max_batch)] if max_batch else []
+    servers = {name: start(name, model, Path(f"/tmp/bench-concurrency-{name}.log"), extra if name == "specgen" else [])
+               for name in SERVERS}
+    clients = {k: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=1800)
+               for k, (_, url) in servers.items()}
+    try:
+        for c in clients.values():  # the first request pays for loading kernels
+            at_once(c, [numbered(n := n + 1, pool) for _ in range(2)], 8)
+        for clients_at_once in levels:
+            per = {k: [] for k in SERVERS}
+            for r in range(rounds):
+                prompts = [numbered(n + i, pool) for i in range(clients_at_once)]
+                n += clients_at_once
+                for k in (SERVERS if r % 2 == 0 else SERVERS[::-1]):
+                    per[k].append(at_once(clients[k], prompts, max_tokens))
+            rows.append(level_row(clients_at_once, per))
+            print(json.dumps(rows[-1]), flush=True)
+        rows.append(long_prefill(clients, pool, n, max_tokens))
+        print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
+    return rows
+
+
+def long_prefill(clients: dict, pool: list[str], n: int, max_tokens: int, long_chars: int = 16000) -> dict:
+    """A short request sent 0.5 s into a long prompt's prefill: its time to first token."""
+    long_prompt = f"Request {n + 1}.\n\n" + "\n\n".join(pool[i % len(pool)] for i in range(200))[:long_chars]
+    row = {"set": "short during long prefill", "long_chars": long_chars}
+    for k, c in clients.items():
+        n += 2
+        done: dict = {}
+        thread = threading.Thread(target=lambda: done.update(ask(c, long_prompt + f" ({k})", 16)))
+        thread.start()
+        time.sleep(0.5)
+        short = ask(c, numbered(n, pool), 16)
+        thread.join()
+        row[k] = {"short_ttft_s": round(short["ttft"], 3), "long_ttft_s": round(done["ttft"], 3)}
+    return row
+
+
+MLX_LM_BATCH = """
+import json, sys
+from mlx_lm import load, batch_generate
+model, tok = load(sys.argv[1])
+rows = [json.loads(l) for l in open(sys.argv[2])]
+prompts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True) for r in rows]
+out = batch_generate(model, tok, prompts, max_tokens=int(sys.argv[3]))
+json.dump(out.texts, open(sys.argv[4], "w"))
+"""
+
+
+def batch_job(model: str, count: int, batch: int, max_tokens: int, rounds: int) -> dict:
+    """The same prompt file through `specgen run --prompts --batch` and mlx_lm.batch_generate,
+    whole processes timed (load included), alternating; texts compared."""
+    pool = prompt_pool()
+    work = Path(tempfile.mkdtemp(prefix="specgen-bench-batch-"))
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"id": i, "prompt": pool[i % len(pool)]}) + "\n"
+                                                for i in range(count)))
+    (work / "mlx_lm_batch.py").write_text(MLX_LM_BATCH)
+    times: dict[str, list[float]] = {k: [] for k in SERVERS}
+    texts: dict[str, list[str]] = {}
+    for r in range(rounds):
+        for k in (SERVERS if r % 2 == 0 else SERVERS[::-1]):
+            out = work / f"{k}-{r}.jsonl"
+            cmd = ([sys.executable, "-m", "specgen", "run", "-q", "-m", model, "--prompts", str(work / "prompts.jsonl"),
+                    "-o", str(out), "-n", str(max_tokens), "--batch", str(batch)] if k == "specgen" else
+                   [sys.executable, str(work / "mlx_lm_batch.py"), model, str(work / "prompts.jsonl"),
+                    str(max_tokens), str(out)])
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            times[k].append(time.perf_counter() - t0)
+            if k == "specgen":
+                got = {json.loads(line)["id"]: json.loads(line)["text"] for line in out.read_text().splitlines()}
+                texts[k] = [got[i] for i in range(count)]
+            else:
+                texts[k] = json.loads(out.read_text())
+    ratios = [b / a for a, b in zip(times["specgen"], times["mlx_lm"])]
+    return {"set": f"--prompts --batch {batch}", "prompts": count, "max_tokens": max_tokens,
+            "specgen_s": round(statistics.median(times["specgen"]), 2),
+            "mlx_lm_s": round(statistics.median(times["mlx_lm"]), 2),
+            "speedup_median": round(statistics.median(ratios), 3), "speedup_min": round(min(ratios), 3),
+            "speedup_max": round(max(ratios), 3),
+            "identical": sum(a == b for a, b in zip(texts["specgen"], texts["mlx_lm"])), "of": count}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="a model folder both load (default: the shared SmolLM2 in float32)")
+    ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-batch", type=int, help="specgen serve's --max-batch (default: its own)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch-prompts", type=int, default=64)
+    ap.add_argument("--batch-rounds", type=int, default=2)
+    ap.add_argument("--only", choices=["serve", "batch"], help="run one part only")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "concurrency.jsonl"))
+    args = ap.parse_args()
+    model = args.model or float32_model()
+    (Path.home() / ".cache" / "huggingface" / "hub").mkdir(parents=True, exist_ok=True)  # mlx_lm's /v1/models
+    rows = []
+    if args.only != "batch":
+        rows += serving(model, args.levels, args.rounds, args.max_tokens, args.max_batch)
+    if args.only != "serve":
+        rows.append(batch_job(model, args.batch_prompts, args.batch, args.max_tokens, args.batch_rounds))
+        print(json.dumps(rows[-1]), flush=True)
+    blas = "OpenBLAS" if "openblas" in os.environ.get("LD_PRELOAD", "") else "bundled BLAS"
+    Path(args.out).write_text("".join(json.dumps({**r, "model": model, "blas": blas}) + "\n" for r in rows))
+
+
+if __name__ == "__main__":
+    main()
