@@ -1,0 +1,259 @@
+"""Continuous batching with per-sequence speculation: many sequences, one forward pass a step.
+
+`Batch` holds the active rows (each with its own drafter, draft length, selector and seed, stop
+rules and place in a ragged cache, batch_cache.py) and the waiting ones. Each `step` prefills one
+bounded chunk of a waiting prompt (on a cache of its own; it joins the batch when done, so a long
+prompt does not freeze the running rows), then runs ONE forward pass over every active row's
+last token plus its draft, rows padded to the widest, and judges each row on its own as
+decode.generate does: a row emits the longest accepted prefix of its draft plus the model's next
+token, and keeps just those entries. Rows join and leave between steps.
+
+Events are decode.generate's (`Prefilled`, then one `Step` per pass), tagged with the row's key,
+so a row's events read as a single-sequence run's. The emitted tokens are what plain decoding
+with the row's selector emits: where a batched row is near-tied (sampling.py), that position is
+recomputed by a one-position pass over the row's own entries, as decode.py does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Iterator, Sequence
+
+import mlx.core as mx
+from mlx_lm.generate import generation_stream
+from mlx_lm.generate_utils import BatchCounters
+from mlx_lm.models.cache import make_prompt_cache
+
+from specgen import defaults
+from specgen.draft.events import Drafter, Prefilled, Speculation, Step, Verdict
+from specgen.draft.length import CostFn
+from specgen.draft.predictor import NGramPredictor
+from specgen.draft.schedule import draft_room
+from specgen.engine.batch_cache import RaggedBatch, unbatchable
+from specgen.engine.decode import PREFILL_CHUNK
+from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector
+from specgen.errors import InputError, SettingError
+from specgen.settings import check
+
+Event = tuple[Hashable, "Prefilled | Step"]
+PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
+MAX_ROWS = 8  # sequences decoded together unless told otherwise
+
+
+@dataclass
+class Row:
+    """One sequence: its settings, what it emitted, and its prefill progress while waiting."""
+
+    key: Hashable
+    prompt: list[int]
+    drafter: Drafter
+    selector: Selector
+    cap: int  # most drafted tokens a step (0: plain decoding)
+    max_tokens: int
+    stop_tokens: frozenset[int]
+    context_length: int | None
+    speculation: Speculation
+    cache: list | None = None  # its own cache until it joins the batch
+    prefilled: int = 0  # prompt tokens in `cache`
+    fed: int = 0  # prompt tokens the drafter was given before it came here
+    history: list[int] = field(default_factory=list)  # prompt + emitted; the last is not cached
+
+    def __post_init__(self):
+        self.history = list(self.prompt)
+
+    @property
+    def pos(self) -> int:
+        return len(self.history)
+
+    def draft(self, on: bool) -> list[int]:
+        """This step's draft (nothing where the batch's step size says drafts do not pay)."""
+        room = draft_room(self.cap, self.pos, len(self.prompt) + self.max_tokens, self.context_length)
+        return self.drafter.draft(room) if on and self.speculation.on and room > 0 else []
+
+    def judge(self, logits: mx.array, drafts: list[int]) -> tuple[list[int], int, int | None]:
+        """(tokens the row emits, drafts equal to the selector's choices, tied) for a pass whose
+        rows `logits` follow the last token and each draft; `tied` is the index of a near-tied
+        row whose choice the caller must recompute (then the tokens stop before it)."""
+        if isinstance(self.selector, MlxLmSampling):  # mlx-lm's own sampler: plain, unverified
+            return [self.selector.pick(logits[0], self.history, self.pos).item()], 0, None
+        chosen = self.selector.verify(logits, self.history, self.pos, drafts)
+        if self.speculation.on:
+            self.drafter.recycle([self.history[-1], *drafts], chosen.tokens)
+        n = 0
+        while n < len(drafts) and drafts[n] == chosen.tokens[n]:
+            n += 1
+        if chosen.trusted > n:
+            return drafts[:n] + [chosen.tokens[n]], n, None
+        return drafts[: chosen.trusted], chosen.trusted, chosen.trusted
+
+    def finish(self, emitted: list[int], drafted: int, matched: int, confirmed: bool) -> Step:
+        """Cut `emitted` before a stop token, record it, tell the drafter, and say if it ended."""
+        stop = stop_token = None
+        for i, t in enumerate(emitted):
+            if t in self.stop_tokens:
+                emitted, stop, stop_token = emitted[:i], "stop", t
+                break
+        self.history.extend(emitted)
+        if self.speculation.on:
+            self.drafter.feed(emitted, Verdict.of(drafted, matched, len(emitted)) if drafted else None)
+        if stop is None and self.pos - len(self.prompt) >= self.max_tokens:
+            stop = "max_tokens"
+        elif stop is None and self.context_length is not None and self.pos >= self.context_length:
+            stop = "context"
+        return Step(tuple(emitted), drafted, min(matched, len(emitted)), stop, confirmed=confirmed,
+                    stop_token=stop_token)
+
+
+class Batch:
+    """The active and waiting sequences of one model (not thread-safe: one thread steps it)."""
+
+    def __init__(self, model, *, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
+                 pricing: Callable[[int], CostFn | None] | None = None):
+        why = unbatchable(make_prompt_cache(model))
+        if why:
+            raise InputError(f"this model cannot run in a batch: {why}")
+        for name, value in (("max_rows", max_rows), ("prefill_chunk", prefill_chunk)):
+            if not (isinstance(value, int) and value >= 1):
+                raise SettingError(name, "must be a positive integer", value)
+        self.model, self.max_rows, self.prefill_chunk = model, max_rows, prefill_chunk
+        self.pricing = pricing  # rows -> the drafting cost at that batch size (None: do not draft)
+        self.rows: list[Row] = []  # in the ragged cache's row order
+        self.waiting: list[Row] = []
+        self.cache = RaggedBatch(len(make_prompt_cache(model)))
+        self.counters = BatchCounters()  # mlx-lm's: prompt and decode tokens, steps and seconds
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.rows or self.waiting)
+
+    def add(self, key: Hashable, prompt: Sequence[int], *, drafter: Drafter | None = None,
+            draft: int = defaults.DRAFT_LEN, max_tokens: int = defaults.MAX_TOKENS,
+            stop_tokens: frozenset[int] | set[int] = frozenset(), context_length: int | None = None,
+            selector: Selector = GREEDY, off: str | None = None, prompt_cache: list | None = None,
+            cached: int = 0, drafter_fed: int = 0) -> None:
+        """Queue a sequence; it joins once prefilled. Arguments as decode.generate's (a
+        `prompt_cache` must be of plain KV layers, holding the first `cached` prompt tokens)."""
+        if not prompt:
+            raise InputError("the prompt is empty")
+        check(max_tokens=max_tokens, draft=draft)
+        if context_length is not None and len(prompt) >= context_length:
+            raise InputError(f"the prompt is {len(prompt)} tokens but the model's context is "
+                             f"{context_length} tokens: at most {context_length - 1} prompt tokens fit")
+        if not 0 <= cached < len(prompt) or (prompt_cache is None and cached):
+            raise ValueError(f"cached must be in [0, {len(prompt)}), and 0 without a prompt_cache")
+        if any(r.key == key for r in self.rows + self.waiting):
+            raise ValueError(f"key {key!r} is already in the batch")
+        if isinstance(selector, MlxLmSampling):
+            off = off or CUSTOM_OFF
+        on = not off and draft > 0
+        speculation = Speculation(True, rollback="per-row ends") if on else Speculation(
+            False, off or "draft length is 0")
+        row = Row(key, list(prompt), drafter if drafter is not None else NGramPredictor(), selector,
+                  draft if on else 0, max_tokens, frozenset(stop_tokens), context_length, speculation,
+                  cache=prompt_cache if prompt_cache is not None else make_prompt_cache(self.model),
+                  prefilled=cached, fed=drafter_fed)
+        self.waiting.append(row)
+
+    def cancel(self, key: Hashable) -> bool:
+        """Drop a sequence, waiting or active; whether it was there. The others go on unchanged."""
+        for i, r in enumerate(self.rows):
+            if r.key == key:
+                self._leave({i})
+                return True
+        n = len(self.waiting)
+        self.waiting = [r for r in self.waiting if r.key != key]
+        return len(self.waiting) < n
+
+    def run(self) -> Iterator[list[Event]]:
+        """Step until every sequence has finished: each item is one step's events."""
+        while self.busy:
+            yield self.step()
+
+    def step(self) -> list[Event]:
+        """Prefill one chunk of a waiting prompt (if a row is free), then one decode pass."""
+        events: list[Event] = []
+        with mx.stream(generation_stream):
+            if self.waiting and len(self.rows) < self.max_rows:
+                events += self._prefill()
+            if self.rows:
+                events += self._decode()
+        return events
+
+    def _prefill(self) -> list[Event]:
+        # The waiting prompt with the least left goes first: a short request is not stuck
+        # behind a long one (it gets its first token within a chunk or two of arriving).
+        row = min(self.waiting, key=lambda r: len(r.prompt) - r.prefilled)
+        stop = min(row.prefilled + self.prefill_chunk, len(row.prompt) - 1)
+        if stop > row.prefilled:
+            start = time.perf_counter()
+            self.model(mx.array([row.prompt[row.prefilled : stop]], mx.uint32), cache=row.cache)
+            mx.eval([c.state for c in row.cache])
+            self.counters.prompt_time += time.perf_counter() - start
+            self.counters.prompt_tokens += stop - row.prefilled
+            row.prefilled = stop
+        if row.prefilled < len(row.prompt) - 1:
+            return []
+        self.waiting.remove(row)
+        self.cache.add(row.cache)
+        row.cache = None
+        self.rows.append(row)
+        if row.speculation.on:
+            row.drafter.feed(row.prompt[row.fed:])
+        return [(row.key, Prefilled(len(row.prompt), row.speculation))]
+
+    def _decode(self) -> list[Event]:
+        start = time.perf_counter()
+        # Adaptive drafters weigh drafts by what a step costs at this many rows; where no draft
+        # pays at this size, they stay silent (fixed-length drafters draft as told).
+        cost = self.pricing(len(self.rows)) if self.pricing else None
+        drafts = []
+        for r in self.rows:
+            priced = self.pricing is not None and hasattr(r.drafter, "cost")
+            if priced and cost is not None:
+                _price(r.drafter, cost)
+            drafts.append(r.draft(on=not priced or cost is not None))
+        fed = [[r.history[-1], *d] for r, d in zip(self.rows, drafts)]
+        width = max(map(len, fed))
+        x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
+        self.cache.slots.begin([len(f) for f in fed])
+        logits = self.model(x, cache=self.cache.layers)
+        judged = [r.judge(logits[i, : len(fed[i])], drafts[i]) for i, r in enumerate(self.rows)]
+        # A near-tied row keeps the entries up to the tied position's input, fed again alone below.
+        self.cache.slots.commit(width, [len(t) + (tied is not None) for t, _, tied in judged])
+        events, done = [], set()
+        for i, (r, d, (tokens, matched, tied)) in enumerate(zip(self.rows, drafts, judged)):
+            if tied is not None:
+                tokens, matched = self._confirm(i, r, fed[i][tied], d, tied)
+            step = r.finish(tokens, len(d), matched, tied is not None)
+            events.append((r.key, step))
+            if step.stop_reason:
+                done.add(i)
+        self.counters.decode_time += time.perf_counter() - start
+        self.counters.generation_steps += 1
+        self.counters.generation_tokens += sum(len(s.tokens) + (s.stop_token is not None) for _, s in events)
+        if done:
+            self._leave(done)
+        if self.rows and self.cache.holey():
+            self.cache.compact()
+        return events
+
+    def _confirm(self, i: int, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:
+        """Choose the near-tied position `n` of row i as plain decoding does: a one-position pass
+        of its input `token` over the row's own entries before it, alone."""
+        alone = self.cache.row_cache(i, drop_last=1)
+        logits = self.model(mx.array([[token]], mx.uint32), cache=alone)[0, -1]
+        last = row.selector.pick(logits, row.history, row.pos + n).item()
+        return drafts[:n] + [last], n + (n < len(drafts) and drafts[n] == last)
+
+    def _leave(self, rows: set[int]) -> None:
+        kept = [i for i in range(len(self.rows)) if i not in rows]
+        self.cache.keep(kept)
+        self.rows = [self.rows[i] for i in kept]
+
+
+def _price(drafter, cost: CostFn) -> None:
+    """Make an adaptive drafter weigh its drafts by `cost`: what a step costs depends on how many
+    rows share it. (Its cost table is rebuilt from the new function at its next draft.)"""
+    if getattr(drafter, "cost", cost) is not cost:
+        drafter.cost, drafter._table = cost, None

@@ -1,0 +1,195 @@
+"""The batch engine (continuous batching with per-sequence speculation): rows arriving at
+different steps, with their own drafts, lengths, seeds and stops, each emit exactly what the same
+request alone emits, with one forward pass over every active row a step; cancelled rows leave the
+others exact; caches that cannot batch are refused by name."""
+
+import mlx.core as mx
+import pytest
+from conftest import TINY, run, tiny_model
+from mlx_lm.models.cache import make_prompt_cache
+
+from specgen.draft.drafter import make_drafter
+from specgen.draft.events import Prefilled, Step
+from specgen.engine import batch_cache
+from specgen.engine.batch import Batch
+from specgen.engine.batch_cache import unbatchable
+from specgen.engine.batch_cost import measure, pricing
+from specgen.engine.sampling import make_selector
+from specgen.errors import InputError
+
+STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside. One day, Lily"
+
+
+class Counted:
+    """A model that counts its forward passes (each a call, however many rows and positions)."""
+
+    def __init__(self, model):
+        self.model, self.layers, self.passes = model, model.layers, 0
+
+    def __call__(self, x, cache):
+        self.passes += 1
+        return self.model(x, cache=cache)
+
+
+def rows_of(tokenizer, stops):
+    """Requests unlike each other: drafts adaptive, fixed or none; greedy or seeded; lengths."""
+    prompts = [STORY, "Tim and Sam", STORY + " went to the park. " + STORY, "Bob"]
+    return [
+        dict(prompt=tokenizer.encode(p), max_tokens=n, stop_tokens=stops, draft=d,
+             selector=make_selector(0.8, seed=i) if i % 2 else make_selector(0), adaptive=d == 64)
+        for i, (p, n, d) in enumerate(zip(prompts, (90, 60, 70, 40), (64, 4, 64, 0)))
+    ]
+
+
+def solo(model, row) -> list[int]:
+    tokens, _, _ = run(model, row["prompt"], drafter=make_drafter(None if row["adaptive"] else row["draft"]),
+                       draft=row["draft"], max_tokens=row["max_tokens"], stop_tokens=row["stop_tokens"],
+                       selector=row["selector"])
+    return tokens
+
+
+def batched(batch: Batch, rows: list[dict], arrive: list[int], cancel: dict[int, int] | None = None):
+    """Run `rows` through `batch`, row i added before step arrive[i] (and cancelled before step
+    cancel[i]); (tokens by row, steps that decoded, Step events by row)."""
+    out = {i: [] for i in range(len(rows))}
+    events = {i: [] for i in range(len(rows))}
+    step = decoded = 0
+    while step <= max(arrive) or batch.busy:
+        for i, at in enumerate(arrive):
+            if at == step:
+                r = rows[i]
+                batch.add(i, r["prompt"], drafter=make_drafter(None if r["adaptive"] else r["draft"]),
+                          draft=r["draft"], max_tokens=r["max_tokens"], stop_tokens=r["stop_tokens"],
+                          selector=r["selector"])
+        for i, at in (cancel or {}).items():
+            if at == step:
+                assert batch.cancel(i)
+        stepped = batch.step()
+        for key, event in stepped:
+            if isinstance(event, Step):
+                out[key] += event.tokens
+                events[key].append(event)
+        decoded += any(isinstance(e, Step) for _, e in stepped)
+        step += 1
+    return out, decoded, events
+
+
+def test_staggered_rows_each_emit_what_they_emit_alone(stories):
+    rows = rows_of(stories.tokenizer, stories.stop_ids)
+    expected = [solo(stories.model, r) for r in rows]
+    model = Counted(stories.model)
+    batch = Batch(model, max_rows=3, prefill_chunk=8)
+    got, decoded, events = batched(batch, rows, arrive=[0, 0, 3, 5])
+    assert [got[i] for i in range(len(rows))] == expected
+    assert sum(s.accepted for s in events[0] + events[2]) > 10  # the story repeats: drafts held
+    assert sum(s.drafted > s.accepted for e in events.values() for s in e) > 0  # and some did not
+    # One pass a step over every active row, plus prefill chunks and near-tie confirmations.
+    chunks = sum(-(-(len(r["prompt"]) - 1) // 8) for r in rows)
+    confirmed = sum(s.confirmed for e in events.values() for s in e)
+    assert model.passes == decoded + chunks + confirmed
+
+
+def test_a_cancelled_row_leaves_the_others_exact(stories):
+    rows = rows_of(stories.tokenizer, stories.stop_ids)
+    expected = [solo(stories.model, r) for r in rows]
+    got, _, _ = batched(Batch(stories.model, max_rows=4), rows, arrive=[0, 0, 0, 0], cancel={2: 6, 3: 0})
+    assert got[0] == expected[0] and got[1] == expected[1]
+    assert 0 < len(got[2]) < len(expected[2]) and got[3] == []
+
+
+def test_a_short_prompt_is_not_stuck_behind_a_long_prefill(stories):
+    batch = Batch(stories.model, max_rows=4, prefill_chunk=16)
+    long = stories.tokenizer.encode(" ".join([STORY] * 6))
+    batch.add("long", long, max_tokens=4)
+    batch.step()  # the long prompt's first chunk
+    batch.add("short", stories.tokenizer.encode("Bob"), max_tokens=4)
+    first = [k for k, e in batch.step() if isinstance(e, Step)]
+    assert first == ["short"]  # its first token, one chunk after it came, while "long" still prefills
+
+
+def test_holes_are_compacted_and_rows_stay_exact(stories, monkeypatch):
+    monkeypatch.setattr(batch_cache, "GROW", 8)  # compact soon; fixed 8-token drafts leave holes
+    rows = rows_of(stories.tokenizer, stories.stop_ids)
+    for r in rows:
+        r.update(draft=8, adaptive=False)
+    expected = [solo(stories.model, r) for r in rows]
+    compactions = []
+    real = batch_cache.RaggedBatch.compact
+    monkeypatch.setattr(batch_cache.RaggedBatch, "compact", lambda self: compactions.append(1) or real(self))
+    got, _, _ = batched(Batch(stories.model, max_rows=4), rows, arrive=[0, 1, 2, 3])
+    assert [got[i] for i in range(len(rows))] == expected and compactions
+
+
+class Tied:
+    """A model whose every position is an exact tie between two tokens (greedy takes the lower):
+    every batched row is near-tied, so each is chosen again by a one-position pass alone."""
+
+    def __init__(self, vocab: int = 16):
+        self.layers = [None]
+        self.vocab = vocab
+
+    def __call__(self, x, cache):
+        b, n = x.shape
+        cache[0].update_and_fetch(mx.zeros((b, 1, n, 1)), mx.zeros((b, 1, n, 1)))
+        nxt = (x.astype(mx.int32) + 1) % self.vocab
+        hot = mx.arange(self.vocab)[None, None, :] == nxt[..., None]
+        return mx.where(hot, 1.0, 0.0) + mx.where(mx.arange(self.vocab) == (nxt[..., None] + 3) % self.vocab, 1.0, 0.0)
+
+
+def test_near_tied_rows_are_confirmed_alone_and_exact():
+    model = Tied()
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], [5, 6], [9, 10, 11]]
+    expected = [run(model, p, drafter=make_drafter(4), draft=4, max_tokens=12)[0] for p in prompts]
+    batch = Batch(model, max_rows=3)
+    for i, p in enumerate(prompts):
+        batch.add(i, p, drafter=make_drafter(4), draft=4, max_tokens=12)
+    got, confirmed = {i: [] for i in range(3)}, 0
+    for events in batch.run():
+        for k, e in events:
+            if isinstance(e, Step):
+                got[k] += e.tokens
+                confirmed += e.confirmed
+    assert [got[i] for i in range(3)] == expected and confirmed > 0
+
+
+KV_ONLY = ("llama", "qwen2", "phi3")
+
+
+@pytest.mark.parametrize("arch", sorted(TINY))
+def test_each_cache_type_batches_exactly_or_is_refused_by_name(arch):
+    model = tiny_model(arch)
+    prompts = [[10, 11, 12, 13, 10, 11, 12, 13, 10, 11], [40, 41], [7] * 20]
+    why = unbatchable(make_prompt_cache(model))
+    if arch not in KV_ONLY:
+        assert why and "do not batch" in why
+        with pytest.raises(InputError, match="cannot run in a batch"):
+            Batch(model)
+        return
+    assert why is None
+    expected = [run(model, p, drafter=make_drafter(4), draft=4, max_tokens=30)[0] for p in prompts]
+    batch = Batch(model, max_rows=2, prefill_chunk=4)
+    for i, p in enumerate(prompts):
+        batch.add(i, p, drafter=make_drafter(4), draft=4, max_tokens=30)
+    got = {i: [] for i in range(3)}
+    for events in batch.run():
+        for k, e in events:
+            got[k] += getattr(e, "tokens", ())
+    assert [got[i] for i in range(3)] == expected
+
+
+def test_events_read_as_a_single_sequence_run(stories):
+    batch = Batch(stories.model)
+    batch.add("a", stories.tokenizer.encode(STORY), max_tokens=5, draft=0)
+    seen = [e for events in batch.run() for _, e in events]
+    assert isinstance(seen[0], Prefilled) and not seen[0].speculation.on
+    assert [len(e.tokens) for e in seen[1:]] == [1] * 5 and seen[-1].stop_reason == "max_tokens"
+    with pytest.raises(InputError, match="prompt is empty"):
+        batch.add("b", [])
+
+
+def test_pricing_drafts_where_a_wider_step_pays_and_not_where_it_does_not(stories):
+    price = pricing({1: {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8}, 8: {1: 2.0, 2: 4.0, 4: 8.0}})
+    assert price(1)(3) == pytest.approx(1.3) and price(1)(1) == pytest.approx(1.1)
+    assert price(2) is None and price(8) is None and price(64) is None  # dearer sizes: no drafts
+    grid = measure(stories.model, stories.tokenizer.encode(STORY), max_rows=4, budget_s=0.5)
+    assert {1, 2} <= set(grid) and all(row[1] > 0 and len(row) >= 2 for row in grid.values())
