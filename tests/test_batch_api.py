@@ -10,8 +10,8 @@ from conftest import SHARED, tiny_model
 from mlx_lm.generate import BatchResponse
 
 import specgen
-from specgen.api.batching import batch_generate
-from specgen.api.generate import SpecgenWarning
+from specgen import batch_generate
+from specgen import SpecgenWarning
 from specgen.errors import SettingError
 
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
