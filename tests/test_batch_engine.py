@@ -13,7 +13,7 @@ from specgen.draft.events import Prefilled, Step
 from specgen.engine import batch_cache
 from specgen.engine.batch import Batch
 from specgen.engine.batch_cache import unbatchable
-from specgen.engine.batch_cost import measure, pricing
+from specgen.engine.batch_cost import Pricing, measure
 from specgen.engine.sampling import make_selector
 from specgen.errors import InputError
 
@@ -188,8 +188,10 @@ def test_events_read_as_a_single_sequence_run(stories):
 
 
 def test_pricing_drafts_where_a_wider_step_pays_and_not_where_it_does_not(stories):
-    price = pricing({1: {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8}, 8: {1: 2.0, 2: 4.0, 4: 8.0}})
-    assert price(1)(3) == pytest.approx(1.3) and price(1)(1) == pytest.approx(1.1)
-    assert price(2) is None and price(8) is None and price(64) is None  # dearer sizes: no drafts
+    price = Pricing({1: {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8}, 8: {1: 2.0, 2: 4.0, 4: 8.0}})
+    assert price.drafting(1)(3) == pytest.approx(1.3) and price.drafting(1)(1) == pytest.approx(1.1)
+    # Dearer sizes (the next measured size up, the largest past it): no drafts, plain steps.
+    assert price.drafting(2) is None and price.drafting(8) is None and price.drafting(64) is None
+    assert price.step(8)(1) == pytest.approx(2.0)
     grid = measure(stories.model, stories.tokenizer.encode(STORY), max_rows=4, budget_s=0.5)
     assert {1, 2} <= set(grid) and all(row[1] > 0 and len(row) >= 2 for row in grid.values())

@@ -132,7 +132,7 @@ def _pricing(engine: Engine, opts: list[Options], custom: bool, max_rows: int):
                                                max_rows)
     if warning:
         engine.notice(warning)
-    return batch_cost.pricing(grid)
+    return batch_cost.Pricing(grid)
 
 
 def _row(engine: Engine, opts: Options, sampler, processors) -> dict:

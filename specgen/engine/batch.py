@@ -31,6 +31,7 @@ from specgen.draft.length import CostFn
 from specgen.draft.predictor import NGramPredictor
 from specgen.draft.schedule import draft_room
 from specgen.engine.batch_cache import RaggedBatch, unbatchable
+from specgen.engine.batch_cost import Pricing
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector
 from specgen.errors import InputError, SettingError
@@ -58,6 +59,8 @@ class Row:
     prefilled: int = 0  # prompt tokens in `cache`
     fed: int = 0  # prompt tokens the drafter was given before it came here
     history: list[int] = field(default_factory=list)  # prompt + emitted; the last is not cached
+    drafted: int = 0  # drafted tokens verified so far, and how many were accepted
+    accepted: int = 0
 
     def __post_init__(self):
         self.history = list(self.prompt)
@@ -66,9 +69,15 @@ class Row:
     def pos(self) -> int:
         return len(self.history)
 
-    def draft(self, on: bool) -> list[int]:
-        """This step's draft (nothing where the batch's step size says drafts do not pay)."""
-        room = draft_room(self.cap, self.pos, len(self.prompt) + self.max_tokens, self.context_length)
+    @property
+    def acceptance(self) -> float:
+        """The share of this row's drafted tokens accepted so far (one of two before any)."""
+        return (self.accepted + 1) / (self.drafted + 2)
+
+    def draft(self, on: bool, most: int | None = None) -> list[int]:
+        """This step's draft, of at most `most` tokens (none unless `on`)."""
+        room = draft_room(self.cap if most is None else min(self.cap, most), self.pos,
+                          len(self.prompt) + self.max_tokens, self.context_length)
         return self.drafter.draft(room) if on and self.speculation.on and room > 0 else []
 
     def judge(self, logits: mx.array, drafts: list[int]) -> tuple[list[int], int, int | None]:
@@ -95,6 +104,8 @@ class Row:
                 emitted, stop, stop_token = emitted[:i], "stop", t
                 break
         self.history.extend(emitted)
+        self.drafted += drafted
+        self.accepted += min(matched, len(emitted))
         if self.speculation.on:
             self.drafter.feed(emitted, Verdict.of(drafted, matched, len(emitted)) if drafted else None)
         if stop is None and self.pos - len(self.prompt) >= self.max_tokens:
@@ -109,7 +120,7 @@ class Batch:
     """The active and waiting sequences of one model (not thread-safe: one thread steps it)."""
 
     def __init__(self, model, *, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
-                 pricing: Callable[[int], CostFn | None] | None = None):
+                 pricing: Pricing | None = None):
         why = unbatchable(make_prompt_cache(model))
         if why:
             raise InputError(f"this model cannot run in a batch: {why}")
@@ -117,7 +128,7 @@ class Batch:
             if not (isinstance(value, int) and value >= 1):
                 raise SettingError(name, "must be a positive integer", value)
         self.model, self.max_rows, self.prefill_chunk = model, max_rows, prefill_chunk
-        self.pricing = pricing  # rows -> the drafting cost at that batch size (None: do not draft)
+        self.pricing = pricing  # what steps cost by rows (None: drafters keep their own cost)
         self.rows: list[Row] = []  # in the ragged cache's row order
         self.waiting: list[Row] = []
         self.cache = RaggedBatch(len(make_prompt_cache(model)))
@@ -204,15 +215,7 @@ class Batch:
 
     def _decode(self) -> list[Event]:
         start = time.perf_counter()
-        # Adaptive drafters weigh drafts by what a step costs at this many rows; where no draft
-        # pays at this size, they stay silent (fixed-length drafters draft as told).
-        cost = self.pricing(len(self.rows)) if self.pricing else None
-        drafts = []
-        for r in self.rows:
-            priced = self.pricing is not None and hasattr(r.drafter, "cost")
-            if priced and cost is not None:
-                _price(r.drafter, cost)
-            drafts.append(r.draft(on=not priced or cost is not None))
+        drafts = self._drafts()
         fed = [[r.history[-1], *d] for r, d in zip(self.rows, drafts)]
         width = max(map(len, fed))
         x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
@@ -238,6 +241,27 @@ class Batch:
             self.cache.compact()
         return events
 
+    def _drafts(self) -> list[list[int]]:
+        """Each row's draft for this step. Adaptive drafters weigh drafts by what a step costs at
+        this many rows, and stay silent where no draft pays at this size (fixed-length drafters
+        draft as told). Every row pays for the widest draft, so the step's width is then the one
+        that yields the most tokens for its cost over all rows, and longer drafts are drafted
+        again to fit it."""
+        if self.pricing is None:
+            return [r.draft(on=True) for r in self.rows]
+        rows = len(self.rows)
+        cost = self.pricing.drafting(rows)
+        drafts = []
+        for r in self.rows:
+            priced = hasattr(r.drafter, "cost")
+            if priced and cost is not None:
+                _price(r.drafter, cost)
+            drafts.append(r.draft(on=not priced or cost is not None))
+        if rows == 1:
+            return drafts
+        k = _best_width([r.acceptance for r in self.rows], [len(d) for d in drafts], self.pricing.step(rows))
+        return [d if len(d) <= k else r.draft(on=True, most=k) for r, d in zip(self.rows, drafts)]
+
     def _confirm(self, i: int, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:
         """Choose the near-tied position `n` of row i as plain decoding does: a one-position pass
         of its input `token` over the row's own entries before it, alone."""
@@ -257,3 +281,13 @@ def _price(drafter, cost: CostFn) -> None:
     rows share it. (Its cost table is rebuilt from the new function at its next draft.)"""
     if getattr(drafter, "cost", cost) is not cost:
         drafter.cost, drafter._table = cost, None
+
+
+def _best_width(rates: list[float], lengths: list[int], step: CostFn) -> int:
+    """The most drafted tokens any row keeps this step: the k that maximises the rows' expected
+    tokens (row i's j-th draft held with chance rates[i] ** j, so far as its draft reaches) over
+    the cost of a step of k + 1 positions a row."""
+    def tokens(k: int) -> float:
+        return sum(1 + sum(a ** j for j in range(1, min(k, n) + 1)) for a, n in zip(rates, lengths))
+
+    return max(sorted({0, *lengths}), key=lambda k: tokens(k) / step(k))

@@ -2,9 +2,9 @@
 
 A step over B rows of T positions each is timed on a ragged batch (batch_cache.py) for a few
 row counts and widths, within a budget of seconds, once per model and machine (cached beside the
-single-sequence curve). `pricing` turns the grid into what the batch engine asks each step: at
-B rows, the cost of drafting k tokens relative to a plain batched step (cost.py's curve rules),
-or None where no draft pays at that size: the step is then plain batched decoding.
+single-sequence curve). `Pricing` turns the grid into what the batch engine asks each step: at
+B rows, the cost of k + 1 positions per row relative to a plain batched step (cost.py's curve
+rules), and whether any draft can pay at that size (if not, the step is plain batched decoding).
 """
 
 from __future__ import annotations
@@ -82,19 +82,26 @@ def _timer(model, solo: list, rows: int, tokens: list[int]) -> Callable[[int], f
     return step
 
 
-def pricing(grid: Grid) -> Callable[[int], CostFn | None]:
-    """rows -> the drafting cost at that batch size (the grid's row count at or above it, the
-    largest past it), or None where drafting cannot pay there (cost.unprofitable)."""
-    sizes = sorted(grid)
-    by_rows: dict[int, CostFn | None] = {}
-    for rows in sizes:
-        curve = Curve(relative(grid[rows]))
-        by_rows[rows] = None if unprofitable(curve) else cost_function(curve.relative)
+class Pricing:
+    """What a batched step costs, by rows (the grid's row count at or above, the largest past it):
+    `step(rows)(k)` is a step of k + 1 positions per row relative to a plain one; `drafting(rows)`
+    is the cost drafters weigh drafts with there, or None where drafting cannot pay at that size
+    (cost.unprofitable): the step is then plain batched decoding."""
 
-    def at(rows: int) -> CostFn | None:
-        return by_rows[sizes[min(bisect_left(sizes, rows), len(sizes) - 1)]]
+    def __init__(self, grid: Grid):
+        self.sizes = sorted(grid)
+        self._step = {rows: cost_function(relative(grid[rows])) for rows in self.sizes}
+        self._drafting = {rows: None if unprofitable(Curve(relative(grid[rows]))) else self._step[rows]
+                          for rows in self.sizes}
 
-    return at
+    def _size(self, rows: int) -> int:
+        return self.sizes[min(bisect_left(self.sizes, rows), len(self.sizes) - 1)]
+
+    def step(self, rows: int) -> CostFn:
+        return self._step[self._size(rows)]
+
+    def drafting(self, rows: int) -> CostFn | None:
+        return self._drafting[self._size(rows)]
 
 
 def batch_calibration_file() -> Path:
