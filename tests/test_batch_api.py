@@ -10,8 +10,7 @@ from conftest import SHARED, tiny_model
 from mlx_lm.generate import BatchResponse
 
 import specgen
-from specgen import batch_generate
-from specgen import SpecgenWarning
+from specgen import SpecgenWarning, batch_generate
 from specgen.errors import SettingError
 
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"

@@ -74,11 +74,17 @@ def batched(batch: Batch, rows: list[dict], arrive: list[int], cancel: dict[int,
     return out, decoded, events
 
 
-def test_staggered_rows_each_emit_what_they_emit_alone(stories):
+# Steps of more rows cost more per position: drafts are priced by rows and cut to the step's width.
+STEEPER = Pricing({1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, 2: {1: 1.0, 2: 1.3, 4: 1.8, 8: 3.0},
+                   4: {1: 1.0, 2: 1.4, 4: 2.2, 8: 4.0}})
+
+
+@pytest.mark.parametrize("pricing", [None, STEEPER], ids=["own-costs", "priced-by-rows"])
+def test_staggered_rows_each_emit_what_they_emit_alone(stories, pricing):
     rows = rows_of(stories.tokenizer, stories.stop_ids)
     expected = [solo(stories.model, r) for r in rows]
     model = Counted(stories.model)
-    batch = Batch(model, max_rows=3, prefill_chunk=8)
+    batch = Batch(model, max_rows=3, prefill_chunk=8, pricing=pricing)
     got, decoded, events = batched(batch, rows, arrive=[0, 0, 3, 5])
     assert [got[i] for i in range(len(rows))] == expected
     assert sum(s.accepted for s in events[0] + events[2]) > 10  # the story repeats: drafts held

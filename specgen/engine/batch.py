@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterator, Sequence
+from typing import Hashable, Iterator, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
