@@ -1,13 +1,17 @@
-"""Shared fixtures: the bundled stories260K model, tiny random-weight models, a scripted fake model."""
+"""Shared fixtures: the bundled stories260K model, tiny random-weight models, scripted fake models,
+the shared SmolLM2 chat model, and a model that recites a tool call through a tool-calling template."""
 
 import importlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from mlx import nn
 from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import KVCache
 
 from specgen.draft.events import Prefilled
 from specgen.engine import registry
@@ -15,6 +19,10 @@ from specgen.engine.decode import generate
 
 DATA = Path(__file__).parent / "data"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
+needs_smollm2 = pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")
+needs_tokenizers = pytest.mark.skipif(not (SHARED / "tokenizers" / "smollm2").is_dir(),
+                                      reason="the shared tokenizers sit beside the repository")
 
 # Tiny configs of architectures mlx-lm supports, one of each cache type: gemma3_text has sliding-
 # window (rotating) caches; mamba and mamba2 state-space caches; qwen3_next (linear attention) and
@@ -143,3 +151,67 @@ def demo_engine():
         engine = Engine.load("demo")
         engine.costs()
     return engine
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine():
+    """The shared SmolLM2 (4-bit, ChatML, 8K context), its cost curve measured quickly."""
+    from specgen.engine import calibrate
+    from specgen.engine.engine import Engine
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(calibrate, "BUDGET_S", 0.5)
+        engine = Engine.load(str(SMOLLM2))
+        engine.costs()
+    return engine
+
+
+QUESTION = [{"role": "user", "content": "Name three colours."}]
+TEMPLATE = (  # a ChatML template with tools, as Qwen2.5's (what mlx-lm reads as the json_tools format)
+    "{%- if tools %}<|im_start|>system\n# Tools\n{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n"
+    "Call one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}\n<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{%- for tool_call in message.tool_calls or [] %}{%- set tool_call = tool_call.function %}"
+    "<tool_call>{\"name\": \"{{ tool_call.name }}\", \"arguments\": {{ tool_call.arguments | tojson }}}</tool_call>"
+    "{%- endfor %}<|im_end|>{%- endfor %}\n{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+SAID = 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+class Recited(nn.Module):
+    """A model that answers any prompt of `start` tokens with `script`, then repeats its last token."""
+
+    def __init__(self, script: list[int], start: int, vocab: int):
+        super().__init__()
+        self.bias = mx.zeros((1,))
+        self.script, self.start, self.vocab = script, start, vocab
+
+    def make_cache(self):
+        return [KVCache()]
+
+    def __call__(self, x, cache=None):
+        n, first = x.shape[1], cache[0].offset
+        cache[0].update_and_fetch(mx.zeros((1, 1, n, 1)), mx.zeros((1, 1, n, 1)))
+        rows = [self.script[min(max(p - self.start + 1, 0), len(self.script) - 1)] for p in range(first, first + n)]
+        return (mx.arange(self.vocab)[None, None, :] == mx.array(rows)[None, :, None]).astype(mx.float32)
+
+
+@pytest.fixture(scope="session")
+def tool_engine(tmp_path_factory):
+    """A model that answers QUESTION with TOOLS by reciting SAID (a text and a get_weather call in
+    the json_tools format), through TEMPLATE (SmolLM2's tokenizer)."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from specgen.engine import registry
+    from specgen.engine.engine import Engine
+
+    folder = tmp_path_factory.mktemp("tools")
+    shutil.copy(SHARED / "tokenizers" / "smollm2" / "tokenizer.json", folder)
+    config = json.loads((SMOLLM2 / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    tokenizer = load_tokenizer(folder)
+    assert tokenizer.has_tool_calling
+    prompt = tokenizer.apply_chat_template(QUESTION, tools=TOOLS, add_generation_prompt=True)
+    script = tokenizer.encode(SAID, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return Engine(registry.wrap(Recited(script, len(prompt), len(tokenizer.get_vocab())), tokenizer))

@@ -4,6 +4,7 @@ import contextlib
 import threading
 import time
 
+import anthropic
 import openai
 
 from specgen.serve import ServeConfig, make_server
@@ -32,3 +33,8 @@ def running(engine, **settings):
 def client(url: str, **kw) -> openai.OpenAI:
     """The official client, as an application would point it at the server."""
     return openai.OpenAI(base_url=f"{url}/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
+
+
+def anthropic_client(url: str, **kw) -> anthropic.Anthropic:
+    """Anthropic's official client, pointed at the server as Claude Code is (no /v1 in the URL)."""
+    return anthropic.Anthropic(base_url=url, api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)

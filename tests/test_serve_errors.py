@@ -49,7 +49,7 @@ BAD = [  # (body, status, param, words in the message)
     ({"model": "demo", "messages": []}, 400, "messages", "at least 1"),
     ({"model": "demo", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", "'user'"),
     ({"model": "demo", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
-     "messages[0].content", ""),
+     "messages[0].content[0].type", "'text'"),
     ({"messages": MSG}, 400, "model", "required"),
     ({"model": "demo", "messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
      "no tool-calling"),

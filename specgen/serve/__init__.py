@@ -1,9 +1,13 @@
-"""`specgen serve`: an OpenAI-compatible HTTP server over one engine, speculating as `run` does.
+"""`specgen serve`: an HTTP server over one engine, speculating as `run` does, for OpenAI's chat and
+text completions, Anthropic's Messages (Claude Code) and OpenAI's Responses (Codex).
 
-FastAPI + uvicorn (the `serve` extra). schema.py checks requests, prompting.py turns them into
-token ids and output text into message parts, worker.py is the one generation thread and its
-queue, cache.py what it keeps across requests, app.py the routes, config.py the settings,
-limits.py the body-size limit. Generation itself is the engine's (engine.py): one way through.
+FastAPI + uvicorn (the `serve` extra). app.py holds the routes; schema.py, anthropic.py and
+responses.py check each API's requests and make chat messages of them; prompting.py turns those
+into token ids and output text into message parts; turn.py is the one path from ids to an answer
+(a job on worker.py's one generation thread and queue), shaped by chat_stream.py,
+anthropic_stream.py or responses_stream.py; cache.py is what the worker keeps across requests,
+config.py the settings, limits.py the body-size limit. Generation itself is the engine's: one way
+through.
 """
 
 from __future__ import annotations

@@ -1,23 +1,26 @@
-"""Refusing request bodies over a size before they are read whole (413, in OpenAI's error shape)."""
+"""Refusing request bodies over a size before they are read whole (413, in the error shape of the API asked)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+
+from specgen.serve.schema import ApiError
 
 
 class BodyLimit:
     """ASGI middleware: a body longer than `max_bytes` (by its Content-Length, or as it arrives)
-    is answered 413 and never handed to the routes."""
+    is answered 413 and never handed to the routes. `error_body(path, error)` shapes the answer."""
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, error_body: Callable[[str, ApiError], dict]):
+        self.app, self.max_bytes, self.error_body = app, max_bytes, error_body
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers", ())).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await self._refuse(send)
+            return await self._refuse(scope, send)
         seen = 0
 
         async def counted():
@@ -31,12 +34,11 @@ class BodyLimit:
         try:
             await self.app(scope, counted, send)
         except _TooLarge:
-            await self._refuse(send)
+            await self._refuse(scope, send)
 
-    async def _refuse(self, send):
-        body = json.dumps({"error": {"message": f"the request body is over {self.max_bytes} bytes",
-                                     "type": "invalid_request_error", "param": None,
-                                     "code": "request_too_large"}}).encode()
+    async def _refuse(self, scope, send):
+        error = ApiError(413, f"the request body is over {self.max_bytes} bytes", code="request_too_large")
+        body = json.dumps(self.error_body(scope.get("path", ""), error)).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

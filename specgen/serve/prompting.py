@@ -1,13 +1,14 @@
 """From a request to prompt token ids, and from generated text back to OpenAI's message parts.
 
-Chat requests go through the model's chat template with their tools (mlx-lm's tokenizer
-wrapper, as mlx_lm.server does); completions are encoded as mlx-lm encodes a prompt. Generated
-text is split by mlx-lm's TextStateMachine into content, reasoning and tool-call text, and tool
+Chat messages go through the model's chat template with their tools (mlx-lm's tokenizer
+wrapper, as mlx_lm.server does), whichever API they came from; completions are encoded as mlx-lm
+encodes a prompt. Generated text is split by mlx-lm's TextStateMachine into content, reasoning and tool-call text, and tool
 calls are parsed by the model's mlx-lm tool parser: nothing of this is written again here.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -25,21 +26,47 @@ _log = logging.getLogger("specgen.serve")
 def chat_ids(engine: Engine, req: ChatRequest) -> tuple[list[int], list[dict] | None]:
     """The conversation's token ids, through the chat template, and the tools it was given."""
     messages, tools = req.conversation()
-    tokenizer = engine.loaded.tokenizer
-    templated = engine.loaded.spec.chat_template and getattr(tokenizer, "has_chat_template", False)
-    if tools and not (templated and tokenizer.has_tool_calling):
+    if tools and not can_call(engine):
         raise bad("tools", f"{engine.name} has no tool-calling format that mlx-lm knows (its chat template "
                            "and vocabulary name none): send the tools in a message instead")
+    return fits(engine, template_ids(engine, messages, tools), "messages"), tools
+
+
+def can_call(engine: Engine) -> bool:
+    """Whether the model has a tool-calling format mlx-lm knows (chat template and parser)."""
+    tokenizer = engine.loaded.tokenizer
+    return bool(_templated(engine) and tokenizer.has_tool_calling)
+
+
+def template_ids(engine: Engine, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    """Chat messages (and tools) through the model's chat template, as mlx_lm.server makes them;
+    a 400 on `messages` when the template refuses them. Not checked against the context."""
     try:
-        if templated:
-            ids = list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True))
-        else:
-            ids = engine.encode(messages)
+        if _templated(engine):
+            return list(engine.loaded.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True))
+        return engine.encode(messages)
     except SpecgenError as e:
         raise bad("messages", str(e)) from None
     except Exception as e:  # the template's own complaint (roles out of order, ...)
         raise bad("messages", f"the chat template refused them: {e}") from None
-    return _fits(engine, ids, "messages"), tools
+
+
+def agent_ids(engine: Engine, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], list[dict] | None]:
+    """(ids, tools) as chat_ids makes them, for the agent APIs, whose clients send their tools with
+    every request: a model that cannot call tools gets none and answers in text (logged once)."""
+    if tools and not can_call(engine):
+        _without_tools(engine.name)
+        tools = None
+    return template_ids(engine, messages, tools), tools
+
+
+@functools.cache
+def _without_tools(name: str) -> None:
+    _log.warning("%s has no tool-calling format that mlx-lm knows: tools are left out of its prompts", name)
+
+
+def _templated(engine: Engine) -> bool:
+    return bool(engine.loaded.spec.chat_template and getattr(engine.loaded.tokenizer, "has_chat_template", False))
 
 
 def completion_ids(engine: Engine, req: CompletionRequest) -> list[int]:
@@ -52,10 +79,11 @@ def completion_ids(engine: Engine, req: CompletionRequest) -> list[int]:
         if any(not 0 <= t < vocab for t in prompt):
             raise bad("prompt", f"holds token ids outside the vocabulary (0 to {vocab - 1})")
         ids = list(prompt)
-    return _fits(engine, ids, "prompt")
+    return fits(engine, ids, "prompt")
 
 
-def _fits(engine: Engine, ids: list[int], param: str) -> list[int]:
+def fits(engine: Engine, ids: list[int], param: str) -> list[int]:
+    """`ids`, or a 400 on `param` when they leave no room in the context to generate."""
     context = engine.loaded.context_length
     if not ids:
         raise bad(param, "is empty")

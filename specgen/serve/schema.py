@@ -2,18 +2,21 @@
 
 Pydantic models for `/v1/chat/completions` and `/v1/completions` bodies. Every field OpenAI
 defines that specgen cannot honour is a 400 naming it, unless it holds the value that changes
-nothing (n=1, logprobs=false, ...); fields nobody defines are 400s too (`extra="forbid"`).
-`Generation` is what a valid request asks of the engine: prompt, Options, prediction.
-`ApiError` is the one error type the routes turn into OpenAI's `{"error": {...}}` shape.
+nothing (n=1, logprobs=false, ...); fields nobody defines are 400s too (`extra="forbid"`). Types
+are as strict as OpenAI's (pydantic's strict mode: `"stream": "yes"` or `"max_tokens": 1.5` is a
+400; an integer is a number). `Lenient` is the same strictness for the agent APIs (anthropic.py,
+responses.py), which ignore fields they do not know. `make_generation` is what every API's valid
+request asks of the engine (`Generation`: Options, stream, prediction), its settings checked in
+one place. `ApiError` is the one error type the routes turn into each API's error shape.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from specgen import defaults
 from specgen.engine.options import Options
@@ -47,8 +50,30 @@ def setting_error(e: SettingError, renamed: dict[str, str] | None = None) -> Api
     return bad(name, e.naming("").strip())
 
 
+JOIN = "\n\n"  # between the text blocks of one message, in the agent APIs
+
+
+def tagged(default: str | None = None, **by_type: type[BaseModel]) -> Any:
+    """A union of models chosen by the value of their `type` field (absent: `default`): `by_type`
+    maps each value to its model, and "other" to the model of every value not named."""
+    names = {t: m.__name__ for t, m in by_type.items()}
+
+    def pick(value) -> str:
+        kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
+        return names.get(kind, names["other"])
+
+    members = tuple(Annotated[m, Tag(m.__name__)] for m in dict.fromkeys(by_type.values()))
+    return Annotated[Union[members], Discriminator(pick)]  # tags are class names, left out of error paths
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Lenient(BaseModel):
+    """Strict about the types of the fields it defines, silent about fields it does not."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class TextPart(_Strict):
@@ -157,20 +182,33 @@ class _Common(_Strict):
         if self.stream_options is not None and not self.stream:
             raise bad("stream_options", "is only allowed when stream is true")
         limit = max_tokens if max_tokens is not None else self.max_tokens
-        opts = dict(max_tokens=default_max_tokens if limit is None else limit, stop=self._stops(),
-                    temp=self.temperature if self.temperature is not None else defaults.TEMP,
-                    top_p=self.top_p or defaults.TOP_P, top_k=self.top_k or defaults.TOP_K,
-                    min_p=self.min_p or defaults.MIN_P, seed=self.seed, **known)
-        if opts["top_p"] == 1.0:  # OpenAI's default: keep all the mass, i.e. no filter
-            opts["top_p"] = defaults.TOP_P
-        try:
-            options = Options(**opts)
-            options.check()  # warnings (e.g. a seed when greedy) change nothing, as in OpenAI
-        except SettingError as e:
-            raise setting_error(e, {"max_tokens": "max_completion_tokens"} if max_tokens is not None else {}) from None
-        return Generation(options=options, stream=self.stream,
-                          include_usage=bool(self.stream_options and self.stream_options.include_usage),
-                          prediction=_text(self.prediction.content) if self.prediction else None)
+        return make_generation(max_tokens=default_max_tokens if limit is None else limit, stop=self._stops(),
+                               temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                               seed=self.seed, stream=self.stream,
+                               include_usage=bool(self.stream_options and self.stream_options.include_usage),
+                               prediction=_text(self.prediction.content) if self.prediction else None,
+                               fields={"max_tokens": "max_completion_tokens"} if max_tokens is not None else {},
+                               **known)
+
+
+def make_generation(*, max_tokens: int, stop: tuple[str, ...] = (), temperature: float | None = None,
+                    top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
+                    seed: int | None = None, stream: bool = False, include_usage: bool = False,
+                    prediction: str | None = None, fields: dict[str, str] | None = None, **known) -> "Generation":
+    """A request's settings as the engine takes them, checked (settings.check, via Options); unset
+    ones are the server's defaults. A setting out of range is a 400 naming the request's field for
+    it (`fields`: the request's names that differ from OpenAI's)."""
+    opts = dict(max_tokens=max_tokens, stop=stop, temp=temperature if temperature is not None else defaults.TEMP,
+                top_p=top_p or defaults.TOP_P, top_k=top_k or defaults.TOP_K, min_p=min_p or defaults.MIN_P,
+                seed=seed, **known)
+    if opts["top_p"] == 1.0:  # OpenAI's default: keep all the mass, i.e. no filter
+        opts["top_p"] = defaults.TOP_P
+    try:
+        options = Options(**opts)
+        options.check()  # warnings (e.g. a seed when greedy) change nothing, as in OpenAI
+    except SettingError as e:
+        raise setting_error(e, fields) from None
+    return Generation(options=options, stream=stream, include_usage=include_usage, prediction=prediction)
 
 
 @dataclass(frozen=True)

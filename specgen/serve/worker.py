@@ -2,7 +2,7 @@
 
 Speculation is per sequence, so requests run one at a time, each on this thread (the engine's
 decode loop and its cache rewind must run where they started). A job's responses go to its
-`send` callback as they come, then `Finished` (or the exception that ended it). A job whose
+`send` callback as they come (after `Started`, with the prompt cache's hit), then `Finished` (or the exception that ended it). A job whose
 client went away is cancelled within one step, queued or running. One request's failure is
 that request's alone; should the thread itself ever die, `dead` says why, waiting jobs fail at
 once and new ones are refused (the routes answer 503), never a healthy front over a dead worker.
@@ -26,6 +26,13 @@ from specgen.serve.schema import ApiError
 _log = logging.getLogger("specgen.serve")
 
 
+class Started(NamedTuple):
+    """The worker took the job: its prompt's tokens, and how many of them the prompt cache held."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+
 class Finished(NamedTuple):
     """The job is over: `cancelled` (its client left, or the server is stopping) or complete."""
 
@@ -40,7 +47,7 @@ class Job:
     ids: list[int]
     options: Options
     prediction: str | None
-    send: Callable[[object], None]  # called on the worker thread: each Response, then Finished or an error
+    send: Callable[[object], None]  # called on the worker thread: Started, each Response, then Finished or an error
     stats: RunStats = field(default_factory=RunStats)  # replaced when the job starts running
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -150,6 +157,7 @@ class Worker:
         opts, stats = job.options, RunStats()  # its clock starts now: waiting in the queue is not prefill
         job.stats = stats
         cache, cached = self.prompts.fetch(job.ids)
+        job.deliver(Started(len(job.ids), cached))
         settings = (opts.ngram_order, opts.window, opts.memory)
         drafter, fed = self.drafters.take(job.ids, settings) if opts.draft is None else (None, 0)
         if drafter is None and opts.draft is None:

@@ -1,0 +1,203 @@
+"""`specgen serve`'s Anthropic Messages API (what Claude Code speaks) through the official `anthropic`
+client, on a real server: the text chat completions gives for the same conversation, streamed in
+the documented event order or not; count_tokens; the next turn read from the prompt cache although
+Claude Code's billing header changed; a tool-use round trip; every bad request a 4xx in
+Anthropic's error shape, the server answering after it; the key as x-api-key or Bearer; a prompt
+too long for the context as the 400 Claude Code parses; a client that leaves cancels its job.
+"""
+
+import json
+import re
+import time
+
+import anthropic
+import httpx
+import pytest
+from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers
+from servers import anthropic_client, client, running
+
+SYSTEM = "You are a helpful assistant."
+BILLING = "x-anthropic-billing-header: cc_version=2.0.{}; cc_entrypoint=sdk-cli;"
+ORDER = re.compile(r"message_start (content_block_start (content_block_delta )+content_block_stop )*"
+                   r"message_delta message_stop")
+
+
+def system(turn: int) -> list[dict]:
+    """Claude Code's system prompt: a billing header that changes on every request, then the prompt."""
+    return [{"type": "text", "text": BILLING.format(turn)},
+            {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+
+
+def sse(url: str, body: dict, path: str = "/v1/messages?beta=true") -> list[tuple[str, dict]]:
+    """A stream's (event name, data) records, as they came."""
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        records = [block.split("\n") for block in r.read().decode().split("\n\n") if block]
+    return [(name.removeprefix("event: "), json.loads(data.removeprefix("data: "))) for name, data in records]
+
+
+@needs_smollm2
+def test_text_equals_chat_completions_streamed_or_not_and_the_next_turn_reads_the_cache(smollm2_engine):
+    with running(smollm2_engine, model_name="smollm2") as (url, _):
+        c, chat = anthropic_client(url), client(url)
+        ask = {"model": "claude-local", "max_tokens": 8, "messages": QUESTION}
+        whole = c.messages.create(system=system(1), **ask)
+        with c.messages.stream(system=system(2), **ask) as s:
+            streamed = s.get_final_message()
+        records = sse(url, {**ask, "system": system(3)})
+        counted = c.messages.count_tokens(model="claude-local-small", system=system(4), messages=QUESTION)
+        expected = chat.chat.completions.create(model="smollm2", max_tokens=8,
+                                                messages=[{"role": "system", "content": SYSTEM}, *QUESTION])
+        text = whole.content[0].text
+        two = QUESTION + [{"role": "assistant", "content": text}, {"role": "user", "content": "And three more?"}]
+        turn = c.messages.create(**{**ask, "messages": two}, system=system(5))
+        fresh = chat.chat.completions.create(model="smollm2", max_tokens=8, messages=[{"role": "system", "content": SYSTEM}, *two])
+    assert text == streamed.content[0].text == expected.choices[0].message.content
+    finish = {"length": "max_tokens", "stop": "end_turn"}[expected.choices[0].finish_reason]
+    assert [b.type for b in whole.content] == ["text"] and whole.stop_reason == finish == streamed.stop_reason
+    assert (whole.type, whole.role, whole.model) == ("message", "assistant", "claude-local")
+    assert whole.usage.output_tokens == expected.usage.completion_tokens == streamed.usage.output_tokens
+    prompt = expected.usage.prompt_tokens  # the billing header reached no prompt
+    assert counted.input_tokens == prompt == whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    assert ORDER.fullmatch(" ".join(name for name, _ in records))
+    assert all(name == data["type"] for name, data in records)
+    assert "".join(d["delta"]["text"] for n, d in records if n == "content_block_delta") == text
+    assert records[0][1]["message"]["usage"]["cache_read_input_tokens"] > 0  # the same prompt again
+    assert records[-2][1]["delta"]["stop_reason"] == finish
+    assert records[-2][1]["usage"]["output_tokens"] == whole.usage.output_tokens
+    # the first turn's prompt and output were kept, although the billing header changed
+    assert turn.usage.cache_read_input_tokens > prompt
+    assert turn.content[0].text == fresh.choices[0].message.content
+
+
+@needs_tokenizers
+def test_a_tool_use_round_trip(tool_engine):
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    with running(tool_engine, model_name="tools", draft=0) as (url, _):
+        c, chat = anthropic_client(url), client(url)
+        whole = c.messages.create(model="claude", max_tokens=64, messages=QUESTION, tools=tools)
+        with c.messages.stream(model="claude", max_tokens=64, messages=QUESTION, tools=tools) as s:
+            streamed = s.get_final_message()
+        records = sse(url, {"model": "claude", "max_tokens": 64, "messages": QUESTION, "tools": tools})
+        call = whole.content[1]
+        follow = QUESTION + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in whole.content]},
+                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                           "content": [{"type": "text", "text": "18 C, sunny"}]}]}]
+        after = c.messages.create(model="claude", max_tokens=2, messages=follow, tools=tools)
+        as_chat = QUESTION + [{"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+        expected = chat.chat.completions.create(model="tools", messages=as_chat, tools=TOOLS, max_tokens=2)
+    assert whole.stop_reason == "tool_use" == streamed.stop_reason
+    assert [b.type for b in whole.content] == ["text", "tool_use"] and whole.content[0].text == "Let me check."
+    assert (call.name, call.input, call.id.startswith("toolu_")) == ("get_weather", {"city": "Paris"}, True)
+    assert [(b.type, getattr(b, "input", None)) for b in streamed.content] == [("text", None), ("tool_use", {"city": "Paris"})]
+    starts = [d["content_block"] for n, d in records if n == "content_block_start"]
+    assert starts[1]["type"] == "tool_use" and starts[1]["input"] == {}
+    pieces = [d["delta"] for n, d in records if n == "content_block_delta" and d["index"] == 1]
+    assert [p["type"] for p in pieces] == ["input_json_delta"] and json.loads(pieces[0]["partial_json"]) == {"city": "Paris"}
+    # the call and its result reached the template as chat completions renders them
+    assert after.usage.input_tokens + after.usage.cache_read_input_tokens == expected.usage.prompt_tokens
+
+
+@pytest.fixture(scope="module")
+def served(demo_engine):
+    with running(demo_engine, max_body_bytes=64_000) as (url, worker):
+        yield url, worker
+
+
+MSG = [{"role": "user", "content": "Once upon a time"}]
+BAD = [  # (body, status, error type, words in the message)
+    ({"messages": MSG, "max_tokens": 8, "stream": "yes"}, 400, "invalid_request_error", "stream: input should be a valid boolean"),
+    ({"messages": MSG, "max_tokens": 8.5}, 400, "invalid_request_error", "max_tokens: input should be a valid integer"),
+    ({"messages": MSG, "max_tokens": 8, "temperature": "hot"}, 400, "invalid_request_error", "temperature"),
+    ({"messages": MSG, "max_tokens": 8, "top_k": True}, 400, "invalid_request_error", "top_k"),
+    ({"messages": MSG}, 400, "invalid_request_error", "max_tokens: field required"),
+    ({"messages": MSG, "max_tokens": 0}, 400, "invalid_request_error", "max_tokens"),
+    ({"messages": MSG, "max_tokens": 8, "temperature": -1}, 400, "invalid_request_error", "temperature"),
+    ({"messages": MSG, "max_tokens": 8, "stop_sequences": [""]}, 400, "invalid_request_error", "stop_sequences"),
+    ({"messages": [], "max_tokens": 8}, 400, "invalid_request_error", "messages"),
+    ({"messages": [{"role": "robot", "content": "hi"}], "max_tokens": 8}, 400, "invalid_request_error", "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": ""}}]}],
+      "max_tokens": 8}, 400, "invalid_request_error", "messages[0].content[0]: image blocks"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                 "content": [{"type": "document", "source": {}}]}]}], "max_tokens": 8},
+     400, "invalid_request_error", "messages[0].content[0].content[0]: document blocks"),
+    ({"messages": MSG, "max_tokens": 8, "tool_choice": {"type": "any"}}, 400, "invalid_request_error", "tool_choice"),
+    ({"messages": [{"role": "user", "content": "Once upon a time " * 200}], "max_tokens": 8}, 400,
+     "invalid_request_error", "input length and `max_tokens` exceed context limit: "),
+]
+
+
+@pytest.mark.parametrize("body,status,kind,words", BAD, ids=[f"{b[2]}-{i}" for i, b in enumerate(BAD)])
+def test_each_bad_request_is_a_4xx_in_anthropics_shape_and_the_server_answers_after_it(served, body, status, kind, words):
+    url, _ = served
+    r = httpx.post(f"{url}/v1/messages?beta=true", json={"model": "claude-local", **body}, timeout=30)
+    assert r.status_code == status, r.text
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == kind and words in r.json()["error"]["message"], r.text
+    assert anthropic_client(url).messages.create(model="any", max_tokens=2, messages=MSG).usage.output_tokens == 2
+
+
+def test_overflow_says_by_how_much_and_max_tokens_is_clamped_to_the_room_left(served):
+    url, _ = served
+    c = anthropic_client(url)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="claude", max_tokens=20000, messages=[{"role": "user", "content": "Once upon a time " * 200}])
+    used, asked, limit = map(int, re.search(r"context limit: (\d+) \+ (\d+) > (\d+)", e.value.message).groups())
+    assert asked == 20000 and limit == 512 and used > limit
+    long = c.messages.create(model="claude", max_tokens=20000, messages=[{"role": "user", "content": "Once upon a time " * 100}])
+    assert long.stop_reason == "max_tokens"
+    assert long.usage.input_tokens + long.usage.cache_read_input_tokens + long.usage.output_tokens <= limit
+
+
+def test_unknown_fields_and_blocks_are_ignored_and_stop_sequences_end_the_text(served):
+    url, _ = served
+    c = anthropic_client(url)
+    text = c.messages.create(model="claude", max_tokens=24, messages=MSG).content[0].text
+    word = text.split()[3]
+    extra = {"thinking": {"type": "enabled", "budget_tokens": 1024}, "context_management": {"edits": []},
+             "metadata": {"user_id": "u"}, "output_config": {"effort": "low"}}
+    odd = [{"role": "user", "content": [{"type": "text", "text": "Once upon a time"}, {"type": "future_block", "x": 1}]},
+           {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                             {"type": "redacted_thinking", "data": "..."}, {"type": "text", "text": text}]},
+           {"role": "user", "content": "Then"}]
+    assert c.messages.create(model="claude", max_tokens=4, messages=odd, extra_body=extra).stop_reason == "max_tokens"
+    stopped = c.messages.create(model="claude", max_tokens=24, messages=MSG, stop_sequences=["zzz", word])
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", word)
+    assert stopped.content[0].text == text[:text.index(word)]
+
+
+def test_errors_outside_the_routes_are_anthropics_shape_too(served):
+    url, _ = served
+    big = httpx.post(f"{url}/v1/messages", json={"model": "m", "max_tokens": 1, "messages": MSG, "x": "y" * 70_000})
+    assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
+    missing = httpx.post(f"{url}/v1/messages/nothing", json={})
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    broken = httpx.post(f"{url}/v1/messages", content=b'{"model": ', headers={"content-type": "application/json"})
+    assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
+
+
+def test_the_key_is_taken_as_x_api_key_or_bearer(demo_engine):
+    with running(demo_engine, api_key="sesame") as (url, _):
+        ask = {"model": "claude", "max_tokens": 2, "messages": MSG}
+        assert anthropic_client(url, api_key="sesame").messages.create(**ask).usage.output_tokens == 2
+        bearer = anthropic.Anthropic(base_url=url, api_key=None, auth_token="sesame", max_retries=0)
+        assert bearer.messages.count_tokens(model="claude", messages=MSG).input_tokens > 0
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            anthropic_client(url, api_key="wrong").messages.create(**ask)
+    assert e.value.body["error"]["type"] == "authentication_error"
+
+
+def test_a_client_that_leaves_is_cancelled(served):
+    url, worker = served
+    before = worker.cancelled
+    body = {"model": "claude", "max_tokens": 100000, "messages": MSG, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        for _ in range(8):
+            next(lines)
+    deadline = time.monotonic() + 5
+    while worker.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.cancelled == before + 1

@@ -1,0 +1,172 @@
+"""`specgen serve`'s OpenAI Responses API (what Codex speaks) through the official `openai` client's
+`responses`, on a real server: the text chat completions gives for the same conversation, streamed
+in the documented event order (ending in response.completed with usage) or not; the next turn,
+sent whole as Codex does, reads the prompt cache; a function-call round trip; every bad request a
+4xx in OpenAI's error shape, the server answering after it; `"stream": "yes"` refused by all three
+APIs; /v1/models as both the OpenAI client and Codex read it; a client that leaves cancels its job.
+"""
+
+import json
+import time
+
+import httpx
+import pytest
+from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers
+from servers import client, running
+
+INSTRUCTIONS = "You are a helpful assistant."
+
+
+def events(url: str, body: dict) -> list[dict]:
+    """A stream's events, their names checked against their types."""
+    with httpx.stream("POST", f"{url}/v1/responses", json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        records = [block.split("\n") for block in r.read().decode().split("\n\n") if block]
+    out = [json.loads(data.removeprefix("data: ")) for _, data in records]
+    assert [name.removeprefix("event: ") for name, _ in records] == [e["type"] for e in out]
+    return out
+
+
+@needs_smollm2
+def test_text_equals_chat_completions_streamed_or_not_and_the_next_turn_reads_the_cache(smollm2_engine):
+    ask = {"model": "gpt-5-codex", "instructions": INSTRUCTIONS, "max_output_tokens": 5}
+    user = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION[0]["content"]}]}]
+    with running(smollm2_engine, model_name="smollm2") as (url, _):
+        c = client(url)
+        whole = c.responses.create(input=user, **ask)
+        streamed = events(url, {**ask, "input": user})
+        expected = c.chat.completions.create(model="smollm2", max_tokens=5,
+                                             messages=[{"role": "system", "content": INSTRUCTIONS}, *QUESTION])
+        history = user + [{"type": "reasoning", "id": "rs_1", "summary": []}, streamed[-1]["response"]["output"][0],
+                          {"role": "user", "content": "And three more?"}]
+        turn = c.responses.create(input=history, **ask)
+        fresh = c.chat.completions.create(model="smollm2", max_tokens=5, messages=[
+            {"role": "system", "content": INSTRUCTIONS}, *QUESTION, {"role": "assistant", "content": whole.output_text},
+            {"role": "user", "content": "And three more?"}])
+    text = expected.choices[0].message.content
+    assert whole.output_text == text and whole.status == ("incomplete" if expected.choices[0].finish_reason == "length" else "completed")
+    assert whole.usage.input_tokens == expected.usage.prompt_tokens and whole.usage.output_tokens == expected.usage.completion_tokens
+    kinds = [e["type"] for e in streamed]
+    final = "response.incomplete" if whole.status == "incomplete" else "response.completed"
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+                     *["response.output_text.delta"] * (len(kinds) - 8), "response.output_text.done",
+                     "response.content_part.done", "response.output_item.done", final]
+    assert [e["sequence_number"] for e in streamed] == list(range(len(streamed)))
+    assert "".join(e["delta"] for e in streamed if e["type"] == "response.output_text.delta") == text
+    done = streamed[-1]["response"]
+    assert done["output"][0]["content"][0]["text"] == text and done["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    assert turn.usage.input_tokens_details.cached_tokens > whole.usage.input_tokens  # the first turn's output too
+    assert turn.output_text == fresh.choices[0].message.content
+
+
+@needs_tokenizers
+def test_a_function_call_round_trip(tool_engine):
+    tools = [{"type": "function", **t["function"]} for t in TOOLS] + [{"type": "web_search"}]
+    with running(tool_engine, model_name="tools", draft=0) as (url, _):
+        c = client(url)
+        whole = c.responses.create(model="codex", input=QUESTION, tools=tools)
+        streamed = events(url, {"model": "codex", "input": QUESTION, "tools": tools})
+        with c.responses.stream(model="codex", input=QUESTION, tools=tools) as s:
+            final = s.get_final_response()
+        call = whole.output[1]
+        follow = QUESTION + [o.model_dump(exclude_none=True) for o in whole.output] + [
+            {"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}]
+        after = c.responses.create(model="codex", input=follow, tools=tools, max_output_tokens=2)
+        as_chat = QUESTION + [{"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": call.call_id, "content": "18 C, sunny"}]
+        expected = c.chat.completions.create(model="tools", messages=as_chat, tools=TOOLS, max_tokens=2)
+    assert [o.type for o in whole.output] == ["message", "function_call"] and whole.output_text == "Let me check."
+    assert (call.name, json.loads(call.arguments), call.status) == ("get_weather", {"city": "Paris"}, "completed")
+    def said(r):
+        return r.output_text, [(o.type, o.status, getattr(o, "name", None), getattr(o, "arguments", None)) for o in r.output]
+
+    assert said(final) == said(whole)
+    kinds = [e["type"] for e in streamed]
+    assert kinds[kinds.index("response.output_item.done") + 1:] == [
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    added = streamed[kinds.index("response.function_call_arguments.delta") - 1]["item"]
+    assert (added["type"], added["arguments"], added["status"]) == ("function_call", "", "in_progress")
+    assert after.usage.input_tokens == expected.usage.prompt_tokens  # the call and its output reached the template
+
+
+@pytest.fixture(scope="module")
+def served(demo_engine):
+    with running(demo_engine) as (url, worker):
+        yield url, worker
+
+
+MSG = "Once upon a time"
+BAD = [  # (body, param, words in the message)
+    ({"input": MSG, "stream": "yes"}, "stream", "valid boolean"),
+    ({"input": MSG, "max_output_tokens": 8.0}, "max_output_tokens", "valid integer"),
+    ({"input": MSG, "max_output_tokens": 0}, "max_output_tokens", "at least 1"),
+    ({"input": MSG, "temperature": "0"}, "temperature", "valid number"),
+    ({"input": MSG, "parallel_tool_calls": "true"}, "parallel_tool_calls", "valid boolean"),
+    ({"input": MSG, "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", "item references"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]}, "input[0].content[0]", "input_image"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]}, "input[0].arguments", "not JSON"),
+    ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role", "'user'"),
+    ({"input": MSG, "tool_choice": "required"}, "tool_choice", "forcing a tool"),
+    ({"input": MSG, "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format", "plain text"),
+    ({"input": MSG * 200}, "input", "tokens too many"),
+]
+
+
+@pytest.mark.parametrize("body,param,words", BAD, ids=[b[1] for b in BAD])
+def test_each_bad_request_is_a_4xx_in_openais_shape_and_the_server_answers_after_it(served, body, param, words):
+    url, _ = served
+    r = httpx.post(f"{url}/v1/responses", json={"model": "gpt-5", **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"] and error["type"] == "invalid_request_error", r.text
+    assert client(url).responses.create(model="gpt-5", input=MSG, max_output_tokens=2).usage.output_tokens == 2
+
+
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", {"messages": [{"role": "user", "content": MSG}]}),
+                                       ("/v1/completions", {"prompt": MSG}), ("/v1/responses", {"input": MSG}),
+                                       ("/v1/messages", {"messages": [{"role": "user", "content": MSG}], "max_tokens": 4})])
+def test_types_are_strict_in_every_api(served, path, body):
+    url, _ = served
+    for wrong in ({"stream": "yes"}, {"stream": 1}, {"temperature": "0.5"}, {"top_p": True}):
+        r = httpx.post(url + path, json={"model": "demo", **body, **wrong}, timeout=30)
+        assert r.status_code == 400, (wrong, r.text)
+    assert httpx.post(url + path, json={"model": "demo", **body, "temperature": 0}, timeout=30).status_code == 200
+
+
+def test_models_read_by_the_openai_client_and_codex(served):
+    url, _ = served
+    assert [m.id for m in client(url).models.list()] == ["demo"]
+    assert httpx.get(f"{url}/v1/models").json()["models"] == []  # Codex's list: it keeps its own defaults
+
+
+def test_a_custom_tool_and_hosted_tools_are_accepted_and_unknown_items_ignored(served):
+    url, _ = served
+    tools = [{"type": "custom", "name": "apply_patch", "description": "Edit files",
+              "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+             {"type": "web_search"}, {"type": "namespace", "name": "mcp", "tools": [{"type": "function", "name": "f"}]}]
+    history = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+               {"type": "message", "role": "user", "content": [{"type": "input_text", "text": MSG}]},
+               {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None},
+               {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"},
+               {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
+               {"type": "future_item", "x": 1}]
+    r = client(url).responses.create(model="gpt-5-codex", input=history, tools=tools, store=False, max_output_tokens=3,
+                                      reasoning={"effort": "low"}, include=["reasoning.encrypted_content"],
+                                      prompt_cache_key="k", parallel_tool_calls=False)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens" and r.usage.output_tokens == 3
+
+
+def test_a_client_that_leaves_is_cancelled(served):
+    url, worker = served
+    before = worker.cancelled
+    with httpx.stream("POST", f"{url}/v1/responses", json={"model": "m", "input": MSG, "stream": True}, timeout=30) as r:
+        lines = r.iter_lines()
+        for _ in range(12):
+            next(lines)
+    deadline = time.monotonic() + 5
+    while worker.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.cancelled == before + 1
