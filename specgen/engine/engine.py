@@ -2,8 +2,9 @@
 
 `Engine` owns one model (weights, tokenizer, stop tokens, context length), its measured verify
 cost (measured at most once per engine, before the first request that drafts) and its memory of
-earlier outputs. `Engine.stream(Request)` runs decode.generate and turns its steps into one
-`Response` per token: mlx-lm's GenerationResponse, with specgen's running `stats`. The CLI,
+earlier outputs. `Engine.stream(Request)` runs decode.generate on the request's `plan` and turns
+its steps into one `Response` per token (responses.py): mlx-lm's GenerationResponse, with
+specgen's running `stats`; the batch engine (batch_streams.py) uses the same plan and responses. The CLI,
 batch runs, the Python API (api.py) and the server all call it, so they cannot disagree on
 defaults, stop tokens or drafting.
 
@@ -16,33 +17,32 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
-
-import mlx.core as mx
-from mlx_lm.generate import GenerationResponse
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 from specgen import defaults
 from specgen.draft.drafter import AdaptiveDrafter, make_drafter
-from specgen.draft.events import Prefilled
 from specgen.draft.stats import RunStats
 from specgen.engine import decode, registry
 from specgen.engine.mode import DraftMode
 from specgen.engine.options import Options
 from specgen.engine.prompts import encode_prompt
+from specgen.engine.responses import Responder, Response
 from specgen.engine.sampling import Selector, make_selector
-from specgen.engine.stops import StopText
 
 _log = logging.getLogger("specgen")
 MEMORY_SAVE_S = 30.0  # a memory that learns is saved at most this often (and by save_memory)
 
 
-@dataclass
-class Response(GenerationResponse):
-    """One generated token, as mlx-lm's stream_generate yields it (`logprobs` is None: the verify
-    pass does not keep them), plus specgen's running statistics of the generation (`stats`;
-    complete on the response with a finish_reason)."""
+class Plan(NamedTuple):
+    """How one request generates (Engine.plan): decode.generate's arguments beyond the request's."""
 
-    stats: RunStats | None = None
+    drafter: object  # an AdaptiveDrafter or NGramPredictor
+    selector: Selector
+    cap: int  # most drafted tokens a step
+    off: str | None  # why not to speculate
+    queue_after: int | None  # the single-sequence loop's queuing policy (cost.queue_after)
+    stop_ids: frozenset[int]
+    drafter_fed: int  # prompt tokens the drafter was already fed
 
 
 @dataclass
@@ -149,24 +149,20 @@ class Engine:
                             cost=found.drafting if found else None,
                             **({"prediction": prediction} if prediction else {}))
 
-    def stream(self, request: Request, stats: RunStats | None = None) -> Iterator[Response]:
-        """Generate: one Response per emitted token, the last with a finish_reason. Closing the
-        iterator early stops generation (the cache is then left holding prompt and output but
-        the last token: `stats.output_ids`). `stats` (a fresh RunStats, whose clock starts when
-        it is made) is filled in as it goes, for a caller that needs it even if nothing comes."""
-        stats = stats or RunStats()
+    def plan(self, request: Request, stats: RunStats) -> Plan:
+        """How `request` generates (its selector, drafter, draft cap, why not to speculate), the
+        settings recorded in `stats`: what `stream` and the batch engine set up alike."""
         stats.model, stats.sharding = self.name, self.loaded.sharding
         stats.ranks = self.world.size if self.world else 1
         opts = request.options
         opts.check()  # the caller reported the warnings
-        tokenizer = self.loaded.tokenizer
         selector = request.selector or make_selector(opts.temp, top_p=opts.top_p, top_k=opts.top_k,
                                                      min_p=opts.min_p, seed=opts.seed)
         found = self.costs() if opts.draft is None and not request.off and request.selector is None else None
-        mem = self.memory(opts.ngram_order) if opts.memory else None
         prediction = request.prediction
         if isinstance(prediction, str):
-            prediction = tokenizer.encode(prediction, add_special_tokens=False) if prediction else None
+            prediction = (self.loaded.tokenizer.encode(prediction, add_special_tokens=False)
+                          if prediction else None)
         drafter = request.drafter
         if drafter is not None and opts.draft is None:
             drafter.continue_with(prediction or ())
@@ -177,58 +173,37 @@ class Engine:
                          found.curve if found else None)
         stats.draft_mode, stats.temp = str(mode), opts.temp
         stats.seed, stats.cached_tokens = getattr(selector, "seed", None), request.cached
-        off = request.off or (found.off if found else None)
-        events = decode.generate(self.loaded.model, list(request.ids), drafter=drafter, draft=mode.cap,
-                          max_tokens=opts.max_tokens,
-                          stop_tokens=self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
-                          context_length=self.loaded.context_length, prompt_cache=request.prompt_cache,
-                          cached=request.cached, selector=selector,
-                          drafter_fed=request.drafter_fed if drafter is request.drafter else 0,
-                          queue_after=found.queue_after if found else None, off=off)
-        detok = tokenizer.detokenizer
-        text = StopText(opts.stop)
-        given = 0  # responses handed out
+        return Plan(drafter, selector, mode.cap, request.off or (found.off if found else None),
+                    found.queue_after if found else None,
+                    self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
+                    request.drafter_fed if drafter is request.drafter else 0)
 
-        def made(token, segment, drafted, finish=None):
-            nonlocal given
-            given += 1
-            return Response(segment, token, None, drafted, stats.prompt_tokens, stats.prompt_tps, given,
-                            stats.decode_tps, mx.get_peak_memory() / 1e9, finish, stats)
-
+    def stream(self, request: Request, stats: RunStats | None = None) -> Iterator[Response]:
+        """Generate: one Response per emitted token, the last with a finish_reason. Closing the
+        iterator early stops generation (the cache is then left holding prompt and output but
+        the last token: `stats.output_ids`). `stats` (a fresh RunStats, whose clock starts when
+        it is made) is filled in as it goes, for a caller that needs it even if nothing comes."""
+        stats = stats or RunStats()
+        plan = self.plan(request, stats)
+        events = decode.generate(self.loaded.model, list(request.ids), drafter=plan.drafter, draft=plan.cap,
+                                 max_tokens=request.options.max_tokens, stop_tokens=plan.stop_ids,
+                                 context_length=self.loaded.context_length, prompt_cache=request.prompt_cache,
+                                 cached=request.cached, selector=plan.selector, drafter_fed=plan.drafter_fed,
+                                 queue_after=plan.queue_after, off=plan.off)
+        responder = Responder(self.loaded.tokenizer, request.options.stop, stats, plan.drafter)
         try:
             for event in events:
-                stats.observe(event)
-                if isinstance(event, Prefilled):
-                    continue
-                counted = getattr(drafter, "prediction_counts", None)
-                if counted is not None:
-                    stats.prediction_drafted, stats.prediction_accepted = counted
-                # As in mlx-lm: a stop token gets a response of its own, after every token
-                # before it; otherwise the last token carries the finish reason.
-                by_token = event.stop_token is not None
-                last = len(event.tokens) - 1 if event.stop_reason and not by_token else -1
-                for i, token in enumerate(event.tokens):
-                    detok.add_token(token)
-                    if i == last:
-                        detok.finalize()
-                    segment, stopped = text.add(detok.last_segment)
-                    if stopped:
-                        stats.stop_reason = "stop"
-                    finish = stats.finish_reason if stopped or i == last else None
-                    yield made(token, segment + (text.flush() if finish else ""), i < event.accepted, finish)
-                    if stopped:
-                        break
-                else:
-                    if by_token:
-                        stats.stop_token = event.stop_token
-                        detok.finalize()
-                        segment, _ = text.add(detok.last_segment)
-                        yield made(event.stop_token, segment + text.flush(), False, "stop")
-                    continue
-                break  # a stop string
+                yield from responder.take(event)
+                if responder.stopped:
+                    break  # a stop string
         finally:
             events.close()  # the loop's own finally leaves the cache consistent, here on this thread
-        if mem is not None and stats.stop_reason and stats.output_ids:
-            mem.add(stats.output_ids)
+        self.learn(request.options, stats)
+
+    def learn(self, opts: Options, stats: RunStats) -> None:
+        """Add a finished generation's output to the memory, with `opts.memory` (saved at most
+        every MEMORY_SAVE_S)."""
+        if opts.memory and stats.stop_reason and stats.output_ids:
+            self.memory(opts.ngram_order).add(stats.output_ids)
             if time.monotonic() - self._saved_at >= MEMORY_SAVE_S:
                 self.save_memory()
