@@ -11,6 +11,7 @@ from mlx_lm.generate import BatchResponse
 
 import specgen
 from specgen import SpecgenWarning, batch_generate
+from specgen.engine import batch_cost, calibrate
 from specgen.errors import SettingError
 
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
@@ -20,7 +21,14 @@ PROMPTS = ["Once upon a time, there was a little girl named Lily. She loved to p
 
 @pytest.fixture(scope="module")
 def demo():
-    return specgen.load("demo")
+    """The demo model, its step costs (alone and batched) measured quickly: these tests are not
+    about the curves."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(calibrate, "BUDGET_S", 0.5)
+        m.setattr(batch_cost, "BUDGET_S", 0.5)
+        model, tokenizer = specgen.load("demo")
+        batch_generate(model, tokenizer, ["Once"], max_tokens=2)
+    return model, tokenizer
 
 
 def test_greedy_texts_equal_mlx_lm_batch_generate_and_each_prompt_alone(demo):

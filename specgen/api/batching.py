@@ -14,17 +14,13 @@ from typing import Sequence
 
 from mlx_lm.generate import BatchResponse
 from mlx_lm.generate_utils import BatchCounters, BatchCountersSnapshot
-from mlx_lm.models.cache import make_prompt_cache
 
-from specgen import defaults
 from specgen.api.generate import _notice, _prompt_ids, engine_for, stream_generate
-from specgen.engine import batch_cost
-from specgen.engine.batch import MAX_ROWS, Batch
-from specgen.engine.batch_cache import unbatchable
-from specgen.engine.engine import Engine
+from specgen.engine.batch import MAX_ROWS
+from specgen.engine.batch_streams import Streams, batch_unsupported
+from specgen.engine.engine import Request
 from specgen.engine.options import Options
-from specgen.engine.sampling import CUSTOM_OFF, MlxLmSampling, make_selector
-from specgen.engine.stops import StopText
+from specgen.engine.sampling import CUSTOM_OFF, MlxLmSampling
 from specgen.errors import SettingError
 
 _log = logging.getLogger("specgen")
@@ -66,7 +62,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     ids = [_prompt_ids(engine.loaded.tokenizer, p) for p in prompts]
     if not all(ids):
         raise SettingError("prompts", "holds an empty prompt")
-    why = unbatchable(make_prompt_cache(model))
+    why = batch_unsupported(engine)
     start = BatchCountersSnapshot()
     if why:
         _notice(f"this model's prompts run one at a time: {why}")
@@ -74,11 +70,10 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
         outputs = [_alone(model, tokenizer, p, o, sampler, logits_processors, counters)
                    for p, o in zip(ids, opts)]
     else:
-        batch = Batch(model, max_rows=completion_batch_size, pricing=_pricing(engine, opts, custom,
-                                                                              completion_batch_size),
-                      **({"prefill_chunk": prefill_step_size} if prefill_step_size else {}))
-        outputs = _batched(engine, batch, ids, opts, sampler, logits_processors, verbose)
-        counters = batch.counters
+        streams = Streams(engine, max_rows=completion_batch_size,
+                          **({"prefill_chunk": prefill_step_size} if prefill_step_size else {}))
+        outputs = _batched(streams, ids, opts, sampler, logits_processors, verbose)
+        counters = streams.batch.counters
     stats = BatchCountersSnapshot.between(start, BatchCountersSnapshot(**asdict(counters)))
     texts = [tokenizer.decode(out) if text is None else text for out, text in outputs]
     if verbose:
@@ -98,83 +93,24 @@ def _per_prompt(name: str, value, n: int) -> list:
     return values
 
 
-def _batched(engine: Engine, batch: Batch, ids, opts, sampler, processors, verbose):
-    """Every prompt through one batch: (token ids, text or None to decode) in prompt order."""
-    texts = [_Text(engine.loaded.tokenizer, o.stop) if o.stop else None for o in opts]
-    tokens: list[list[int]] = [[] for _ in ids]
-    for i, (prompt, o) in enumerate(zip(ids, opts)):
-        batch.add(i, prompt, **_row(engine, o, sampler, processors))
+def _batched(streams: Streams, ids, opts, sampler, processors, verbose):
+    """Every prompt through one batch: (token ids, its text where stop strings cut it, else None:
+    decoded whole, as mlx-lm does) in prompt order."""
+    custom = sampler is not None or bool(processors)
+    runs = [streams.add(i, Request(p, o, selector=MlxLmSampling(sampler, processors) if custom else None,
+                                   off=CUSTOM_OFF if custom else None))
+            for i, (p, o) in enumerate(zip(ids, opts))]
+    texts = [""] * len(ids)
     finished = 0
-    for events in batch.run():
-        for i, event in events:
-            new = getattr(event, "tokens", ())
-            tokens[i] += new
-            if texts[i] is not None and texts[i].add(new):
-                batch.cancel(i)
-            if getattr(event, "stop_reason", None) or (texts[i] is not None and texts[i].stopped):
-                finished += 1
-                if verbose:
-                    print(f"[batch_generate] Finished processing {finished}/{len(ids)} ...", end="\r")
+    while streams.busy:
+        for i, response in streams.step():
+            texts[i] += response.text
+            finished += response.finish_reason is not None
+            if verbose and response.finish_reason is not None:
+                print(f"[batch_generate] Finished processing {finished}/{len(ids)} ...", end="\r")
     if verbose:
         print(f"[batch_generate] Finished processing {finished}/{len(ids)}")
-    for x in texts:
-        if x is not None:
-            x.close()
-    return [(t, None if x is None else x.text) for t, x in zip(tokens, texts)]
-
-
-def _pricing(engine: Engine, opts: list[Options], custom: bool, max_rows: int):
-    """The batch's draft pricing by rows (batch_cost.py), where any prompt drafts adaptively."""
-    if custom or all(o.draft is not None for o in opts) or engine.costs().off:
-        return None
-    loaded = engine.loaded
-    grid, warning = batch_cost.load_or_measure(loaded.model, loaded.calibration_key, loaded.tokenizer,
-                                               max_rows)
-    if warning:
-        engine.notice(warning)
-    return batch_cost.Pricing(grid)
-
-
-def _row(engine: Engine, opts: Options, sampler, processors) -> dict:
-    """Batch.add's arguments for one prompt, as Engine.stream sets up a single generation."""
-    custom = sampler is not None or bool(processors)
-    selector = MlxLmSampling(sampler, processors) if custom else make_selector(
-        opts.temp, top_p=opts.top_p, top_k=opts.top_k, min_p=opts.min_p, seed=opts.seed)
-    found = engine.costs() if opts.draft is None and not custom else None
-    off = CUSTOM_OFF if custom else (found.off if found else None)
-    loaded = engine.loaded
-    return {"drafter": engine.new_drafter(opts, measured=found is not None),
-            "draft": defaults.MAX_DRAFT if opts.draft is None else opts.draft,
-            "max_tokens": opts.max_tokens, "stop_tokens": loaded.stop_ids,
-            "context_length": loaded.context_length, "selector": selector, "off": off}
-
-
-class _Text:
-    """A row's text through its stop strings, detokenized as it comes."""
-
-    def __init__(self, tokenizer, stops):
-        self.detok, self.stops, self.text = tokenizer.detokenizer, StopText(stops), ""
-
-    @property
-    def stopped(self) -> bool:
-        return self.stops.stopped
-
-    def add(self, tokens) -> bool:
-        """Take a step's tokens; whether a stop string appeared (the text ends before it)."""
-        for t in tokens:
-            self.detok.add_token(t)
-            shown, stopped = self.stops.add(self.detok.last_segment)
-            self.text += shown
-            if stopped:
-                return True
-        return False
-
-    def close(self) -> None:
-        """The end of the row's tokens: what the detokenizer and the stop strings held back."""
-        if not self.stopped:
-            self.detok.finalize()
-            shown, _ = self.stops.add(self.detok.last_segment)
-            self.text += shown + self.stops.flush()
+    return [(list(s.output_ids), t if o.stop else None) for s, t, o in zip(runs, texts, opts)]
 
 
 def _alone(model, tokenizer, prompt, opts: Options, sampler, processors, counters: BatchCounters):

@@ -17,7 +17,6 @@ recomputed by a one-position pass over the row's own entries, as decode.py does.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Hashable, Iterator, Sequence
 
 import mlx.core as mx
@@ -26,12 +25,12 @@ from mlx_lm.generate_utils import BatchCounters
 from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
-from specgen.draft.events import Drafter, Prefilled, Speculation, Step, Verdict
+from specgen.draft.events import Drafter, Prefilled, Speculation, Step
 from specgen.draft.length import CostFn
 from specgen.draft.predictor import NGramPredictor
-from specgen.draft.schedule import draft_room
 from specgen.engine.batch_cache import RaggedBatch, unbatchable
 from specgen.engine.batch_cost import Pricing
+from specgen.engine.batch_row import Row
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector
 from specgen.errors import InputError, SettingError
@@ -40,80 +39,6 @@ from specgen.settings import check
 Event = tuple[Hashable, "Prefilled | Step"]
 PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
 MAX_ROWS = 8  # sequences decoded together unless told otherwise
-
-
-@dataclass
-class Row:
-    """One sequence: its settings, what it emitted, and its prefill progress while waiting."""
-
-    key: Hashable
-    prompt: list[int]
-    drafter: Drafter
-    selector: Selector
-    cap: int  # most drafted tokens a step (0: plain decoding)
-    max_tokens: int
-    stop_tokens: frozenset[int]
-    context_length: int | None
-    speculation: Speculation
-    cache: list | None = None  # its own cache until it joins the batch
-    prefilled: int = 0  # prompt tokens in `cache`
-    fed: int = 0  # prompt tokens the drafter was given before it came here
-    history: list[int] = field(default_factory=list)  # prompt + emitted; the last is not cached
-    drafted: int = 0  # drafted tokens verified so far, and how many were accepted
-    accepted: int = 0
-
-    def __post_init__(self):
-        self.history = list(self.prompt)
-
-    @property
-    def pos(self) -> int:
-        return len(self.history)
-
-    @property
-    def acceptance(self) -> float:
-        """The share of this row's drafted tokens accepted so far (one of two before any)."""
-        return (self.accepted + 1) / (self.drafted + 2)
-
-    def draft(self, on: bool, most: int | None = None) -> list[int]:
-        """This step's draft, of at most `most` tokens (none unless `on`)."""
-        room = draft_room(self.cap if most is None else min(self.cap, most), self.pos,
-                          len(self.prompt) + self.max_tokens, self.context_length)
-        return self.drafter.draft(room) if on and self.speculation.on and room > 0 else []
-
-    def judge(self, logits: mx.array, drafts: list[int]) -> tuple[list[int], int, int | None]:
-        """(tokens the row emits, drafts equal to the selector's choices, tied) for a pass whose
-        rows `logits` follow the last token and each draft; `tied` is the index of a near-tied
-        row whose choice the caller must recompute (then the tokens stop before it)."""
-        if isinstance(self.selector, MlxLmSampling):  # mlx-lm's own sampler: plain, unverified
-            return [self.selector.pick(logits[0], self.history, self.pos).item()], 0, None
-        chosen = self.selector.verify(logits, self.history, self.pos, drafts)
-        if self.speculation.on:
-            self.drafter.recycle([self.history[-1], *drafts], chosen.tokens)
-        n = 0
-        while n < len(drafts) and drafts[n] == chosen.tokens[n]:
-            n += 1
-        if chosen.trusted > n:
-            return drafts[:n] + [chosen.tokens[n]], n, None
-        return drafts[: chosen.trusted], chosen.trusted, chosen.trusted
-
-    def finish(self, emitted: list[int], drafted: int, matched: int, confirmed: bool) -> Step:
-        """Cut `emitted` before a stop token, record it, tell the drafter, and say if it ended."""
-        stop = stop_token = None
-        for i, t in enumerate(emitted):
-            if t in self.stop_tokens:
-                emitted, stop, stop_token = emitted[:i], "stop", t
-                break
-        self.history.extend(emitted)
-        self.drafted += drafted
-        self.accepted += min(matched, len(emitted))
-        if self.speculation.on:
-            self.drafter.feed(emitted, Verdict.of(drafted, matched, len(emitted)) if drafted else None)
-        if stop is None and self.pos - len(self.prompt) >= self.max_tokens:
-            stop = "max_tokens"
-        elif stop is None and self.context_length is not None and self.pos >= self.context_length:
-            stop = "context"
-        return Step(tuple(emitted), drafted, min(matched, len(emitted)), stop, confirmed=confirmed,
-                    stop_token=stop_token)
 
 
 class Batch:
@@ -130,6 +55,7 @@ class Batch:
         self.model, self.max_rows, self.prefill_chunk = model, max_rows, prefill_chunk
         self.pricing = pricing  # what steps cost by rows (None: drafters keep their own cost)
         self.rows: list[Row] = []  # in the ragged cache's row order
+        self.kept: dict[Hashable, list] = {}  # finished rows' own caches (add's keep_cache)
         self.waiting: list[Row] = []
         self.cache = RaggedBatch(len(make_prompt_cache(model)))
         self.counters = BatchCounters()  # mlx-lm's: prompt and decode tokens, steps and seconds
@@ -142,9 +68,11 @@ class Batch:
             draft: int = defaults.DRAFT_LEN, max_tokens: int = defaults.MAX_TOKENS,
             stop_tokens: frozenset[int] | set[int] = frozenset(), context_length: int | None = None,
             selector: Selector = GREEDY, off: str | None = None, prompt_cache: list | None = None,
-            cached: int = 0, drafter_fed: int = 0) -> None:
+            cached: int = 0, drafter_fed: int = 0, keep_cache: bool = False) -> None:
         """Queue a sequence; it joins once prefilled. Arguments as decode.generate's (a
-        `prompt_cache` must be of plain KV layers, holding the first `cached` prompt tokens)."""
+        `prompt_cache` must be of plain KV layers, holding the first `cached` prompt tokens).
+        With `keep_cache`, once it finishes `kept[key]` is a cache of its own holding its prompt
+        and output but the last token (as decode.generate leaves its cache)."""
         if not prompt:
             raise InputError("the prompt is empty")
         check(max_tokens=max_tokens, draft=draft)
@@ -163,7 +91,7 @@ class Batch:
         row = Row(key, list(prompt), drafter if drafter is not None else NGramPredictor(), selector,
                   draft if on else 0, max_tokens, frozenset(stop_tokens), context_length, speculation,
                   cache=prompt_cache if prompt_cache is not None else make_prompt_cache(self.model),
-                  prefilled=cached, fed=drafter_fed)
+                  prefilled=cached, fed=drafter_fed, keep_cache=keep_cache)
         self.waiting.append(row)
 
     def cancel(self, key: Hashable) -> bool:
@@ -235,6 +163,9 @@ class Batch:
         self.counters.decode_time += time.perf_counter() - start
         self.counters.generation_steps += 1
         self.counters.generation_tokens += sum(len(s.tokens) + (s.stop_token is not None) for _, s in events)
+        for i in done:
+            if self.rows[i].keep_cache:
+                self.kept[self.rows[i].key] = self.cache.row_cache(i, self.rows[i].pos - 1)
         if done:
             self._leave(done)
         if self.rows and self.cache.holey():
@@ -265,7 +196,7 @@ class Batch:
     def _confirm(self, i: int, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:
         """Choose the near-tied position `n` of row i as plain decoding does: a one-position pass
         of its input `token` over the row's own entries before it, alone."""
-        alone = self.cache.row_cache(i, drop_last=1)
+        alone = self.cache.row_cache(i, self.cache.slots.lengths[i] - 1)
         logits = self.model(mx.array([[token]], mx.uint32), cache=alone)[0, -1]
         last = row.selector.pick(logits, row.history, row.pos + n).item()
         return drafts[:n] + [last], n + (n < len(drafts) and drafts[n] == last)

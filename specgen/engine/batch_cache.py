@@ -176,10 +176,9 @@ class RaggedBatch:
             c.values = mx.take_along_axis(c.values[..., :end, :], gather, axis=2)
         self.slots.held = np.arange(longest)[None, :] >= (longest - np.asarray(self.slots.lengths))[:, None]
 
-    def row_cache(self, row: int, drop_last: int = 0) -> list[KVCache]:
-        """A single-sequence cache holding row `row`'s entries but its last `drop_last` (a copy)."""
-        where = np.flatnonzero(self.slots.held[row])
-        where = where[: len(where) - drop_last]
+    def row_cache(self, row: int, count: int) -> list[KVCache]:
+        """A single-sequence cache holding the first `count` entries of row `row` (a copy)."""
+        where = np.flatnonzero(self.slots.held[row])[:count]
         idx = mx.array(where.astype(np.int32))
         out = []
         for c in self.layers:

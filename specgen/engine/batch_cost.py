@@ -33,11 +33,12 @@ ROUNDS = (3, 25)  # fewest and most rounds of every width, for each row count
 Grid = dict[int, dict[int, float]]  # rows -> positions per row -> seconds of a step
 
 
-def measure(model, sample: list[int], max_rows: int, budget_s: float = BUDGET_S) -> Grid:
+def measure(model, sample: list[int], max_rows: int, budget_s: float | None = None) -> Grid:
     """Seconds of a step over B rows x T positions (with the argmax read back, as a step does),
     for B in ROWS up to `max_rows` while the budget lasts (one and two rows always). Widths are
     timed in increasing order, no wider once one costs nearly as much as that many plain steps
     (no draft that wide can pay: calibrate.CANNOT_PAY); each is the median of its rounds."""
+    budget_s = BUDGET_S if budget_s is None else budget_s
     tokens = (sample * CONTEXT)[:CONTEXT]
     solo = make_prompt_cache(model)
     model(mx.array([tokens[:-1]], mx.uint32), cache=solo)

@@ -1,0 +1,89 @@
+"""One sequence of a batch (batch.py): its settings, what it emitted, and how a step's logits
+become its tokens, judged on its own as decode.generate judges a step: the longest prefix of its
+draft that equals the selector's choices, then the selector's next token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable
+
+import mlx.core as mx
+
+from specgen.draft.events import Drafter, Speculation, Step, Verdict
+from specgen.draft.schedule import draft_room
+from specgen.engine.sampling import MlxLmSampling, Selector
+
+
+@dataclass
+class Row:
+    """One sequence: its settings, what it emitted, and its prefill progress while waiting."""
+
+    key: Hashable
+    prompt: list[int]
+    drafter: Drafter
+    selector: Selector
+    cap: int  # most drafted tokens a step (0: plain decoding)
+    max_tokens: int
+    stop_tokens: frozenset[int]
+    context_length: int | None
+    speculation: Speculation
+    cache: list | None = None  # its own cache until it joins the batch
+    prefilled: int = 0  # prompt tokens in `cache`
+    fed: int = 0  # prompt tokens the drafter was given before it came here
+    keep_cache: bool = False  # extract its cache when it finishes (Batch.kept)
+    history: list[int] = field(default_factory=list)  # prompt + emitted; the last is not cached
+    drafted: int = 0  # drafted tokens verified so far, and how many were accepted
+    accepted: int = 0
+
+    def __post_init__(self):
+        self.history = list(self.prompt)
+
+    @property
+    def pos(self) -> int:
+        return len(self.history)
+
+    @property
+    def acceptance(self) -> float:
+        """The share of this row's drafted tokens accepted so far (one of two before any)."""
+        return (self.accepted + 1) / (self.drafted + 2)
+
+    def draft(self, on: bool, most: int | None = None) -> list[int]:
+        """This step's draft, of at most `most` tokens (none unless `on`)."""
+        room = draft_room(self.cap if most is None else min(self.cap, most), self.pos,
+                          len(self.prompt) + self.max_tokens, self.context_length)
+        return self.drafter.draft(room) if on and self.speculation.on and room > 0 else []
+
+    def judge(self, logits: mx.array, drafts: list[int]) -> tuple[list[int], int, int | None]:
+        """(tokens the row emits, drafts equal to the selector's choices, tied) for a pass whose
+        rows `logits` follow the last token and each draft; `tied` is the index of a near-tied
+        row whose choice the caller must recompute (then the tokens stop before it)."""
+        if isinstance(self.selector, MlxLmSampling):  # mlx-lm's own sampler: plain, unverified
+            return [self.selector.pick(logits[0], self.history, self.pos).item()], 0, None
+        chosen = self.selector.verify(logits, self.history, self.pos, drafts)
+        if self.speculation.on:
+            self.drafter.recycle([self.history[-1], *drafts], chosen.tokens)
+        n = 0
+        while n < len(drafts) and drafts[n] == chosen.tokens[n]:
+            n += 1
+        if chosen.trusted > n:
+            return drafts[:n] + [chosen.tokens[n]], n, None
+        return drafts[: chosen.trusted], chosen.trusted, chosen.trusted
+
+    def finish(self, emitted: list[int], drafted: int, matched: int, confirmed: bool) -> Step:
+        """Cut `emitted` before a stop token, record it, tell the drafter, and say if it ended."""
+        stop = stop_token = None
+        for i, t in enumerate(emitted):
+            if t in self.stop_tokens:
+                emitted, stop, stop_token = emitted[:i], "stop", t
+                break
+        self.history.extend(emitted)
+        self.drafted += drafted
+        self.accepted += min(matched, len(emitted))
+        if self.speculation.on:
+            self.drafter.feed(emitted, Verdict.of(drafted, matched, len(emitted)) if drafted else None)
+        if stop is None and self.pos - len(self.prompt) >= self.max_tokens:
+            stop = "max_tokens"
+        elif stop is None and self.context_length is not None and self.pos >= self.context_length:
+            stop = "context"
+        return Step(tuple(emitted), drafted, min(matched, len(emitted)), stop, confirmed=confirmed,
+                    stop_token=stop_token)

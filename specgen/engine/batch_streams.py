@@ -1,0 +1,107 @@
+"""Many requests through one batch (batch.py), each set up and answered as `Engine.stream` sets
+up and answers it alone (Engine.plan, responses.Responder): the surface that the server's worker
+and `run --prompts --batch` drive, one thread stepping it.
+
+Drafts are priced by the measured cost of a batched step (batch_cost.py, measured once per model
+and machine, before the first request that drafts adaptively). A model whose caches cannot batch
+(`unbatchable`) is the caller's to run one request at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable
+
+from mlx_lm.models.cache import make_prompt_cache
+
+from specgen.draft.stats import RunStats
+from specgen.engine import batch_cost
+from specgen.engine.batch import MAX_ROWS, Batch
+from specgen.engine.batch_cache import unbatchable
+from specgen.engine.decode import PREFILL_CHUNK
+from specgen.engine.engine import Engine, Request
+from specgen.engine.responses import Responder, Response
+
+
+def batch_unsupported(engine: Engine) -> str | None:
+    """Why this engine's model cannot decode in a batch (then requests run one at a time)."""
+    return unbatchable(make_prompt_cache(engine.loaded.model))
+
+
+@dataclass
+class _Open:
+    request: Request
+    stats: RunStats
+    responder: Responder
+
+
+class Streams:
+    """Requests decoded together: `add` them, `step` until not `busy`, `cancel` any."""
+
+    def __init__(self, engine: Engine, *, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK):
+        self.engine = engine
+        self.batch = Batch(engine.loaded.model, max_rows=max_rows, prefill_chunk=prefill_chunk)
+        self._open: dict[Hashable, _Open] = {}
+
+    @property
+    def busy(self) -> bool:
+        return self.batch.busy
+
+    def __len__(self) -> int:
+        """Requests added and not yet finished or cancelled."""
+        return len(self._open)
+
+    def add(self, key: Hashable, request: Request, stats: RunStats | None = None,
+            keep_cache: bool = False) -> RunStats:
+        """Queue `request` (its `prompt_cache`, if any, of plain KV layers); its responses come
+        from `step`, tagged with `key`. With `keep_cache`, `kept(key)` is its cache once it
+        finishes. Returns its RunStats (filled in as it goes)."""
+        stats = stats or RunStats()
+        plan = self.engine.plan(request, stats)
+        if self.batch.pricing is None and request.options.draft is None and not plan.off:
+            self.batch.pricing = self._pricing()
+        self.batch.add(key, list(request.ids), drafter=plan.drafter, draft=plan.cap,
+                       max_tokens=request.options.max_tokens, stop_tokens=plan.stop_ids,
+                       context_length=self.engine.loaded.context_length, selector=plan.selector,
+                       off=plan.off, prompt_cache=request.prompt_cache, cached=request.cached,
+                       drafter_fed=plan.drafter_fed, keep_cache=keep_cache)
+        self._open[key] = _Open(request, stats, Responder(self.engine.loaded.tokenizer, request.options.stop,
+                                                          stats, plan.drafter))
+        return stats
+
+    def cancel(self, key: Hashable) -> None:
+        """Stop generating for `key` (no more responses); the other requests go on unchanged."""
+        self.batch.cancel(key)
+        self._open.pop(key, None)
+
+    def kept(self, key: Hashable) -> list | None:
+        """The cache of a finished request added with keep_cache (once: it is handed over)."""
+        return self.batch.kept.pop(key, None)
+
+    def step(self) -> list[tuple[Hashable, Response]]:
+        """One step of the batch: every response it produced, tagged with its request's key (a
+        request's last response has a finish_reason)."""
+        out = []
+        for key, event in self.batch.step():
+            job = self._open.get(key)
+            if job is None:
+                continue
+            responses = job.responder.take(event)
+            out += [(key, r) for r in responses]
+            if job.responder.stopped:  # a stop string: the text is over
+                self.batch.cancel(key)
+            if job.responder.stopped or getattr(event, "stop_reason", None):
+                del self._open[key]
+                self.engine.learn(job.request.options, job.stats)
+        return out
+
+    def _pricing(self) -> batch_cost.Pricing:
+        loaded = self.engine.loaded
+        grid, warning = batch_cost.load_or_measure(
+            loaded.model, loaded.calibration_key, loaded.tokenizer, self.batch.max_rows,
+            before_measuring=lambda: self.engine.progress(
+                f"measuring how fast {self.engine.name} runs batched steps on this machine (once per "
+                "model; a few seconds) ..."))
+        if warning:
+            self.engine.notice(warning)
+        return batch_cost.Pricing(grid)
