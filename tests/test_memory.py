@@ -2,12 +2,17 @@
 
 import multiprocessing
 import random
+from dataclasses import replace
 
 import pytest
 
 from specgen.draft import memory_file
 from specgen.draft.acceptance import evidence_for
+from specgen.draft.drafter import AdaptiveDrafter
+from specgen.draft.length import linear_cost
 from specgen.draft.memory import NGramMemory
+from specgen.draft.params import PARAMS
+from specgen.draft.simulate import replay
 
 
 def test_memory_file_round_trips_and_is_bounded(tmp_path):
@@ -103,3 +108,45 @@ def test_concurrent_saves_keep_both_outputs(tmp_path):
     assert warning is None
     for s in (10, 20, 30, 40):
         assert mem.tables.lookup([s, s + 1, s + 2]) == s + 3
+
+
+def _agent_session(rng, turns=4):
+    """A session's prompt (tool results, the cue [1, 2, 3, 4], the same tool call each turn) and
+    its last turn's call as memory keeps it: the first token spelled apart (900 for 90)."""
+    call = [90] + [rng.randrange(100, 30000) for _ in range(15)]
+    prompt = []
+    for _ in range(turns):
+        prompt += [rng.randrange(100, 30000) for _ in range(30)] + [1, 2, 3, 4] + call
+    return prompt + [rng.randrange(100, 30000) for _ in range(30)] + [1, 2, 3, 4], [900] + call[1:]
+
+
+def test_the_share_of_memory_a_prompt_holds_counts_output_tokens():
+    rng = random.Random(4)
+    prompt, last = _agent_session(rng)
+    index = AdaptiveDrafter()
+    index.feed(prompt)
+    mem = NGramMemory("m")
+    mem.add([rng.randrange(100, 30000) for _ in range(48)])  # another session's: not in the prompt
+    mem.add(last)  # 16 tokens the prompt holds (but the first)
+    assert mem.respellings(index.tokens, index.copies.index) == {90: 900}
+    assert mem.prompt_holds(index.tokens, index.copies.index, 0.25)  # 16 of 64 tokens
+    assert not mem.prompt_holds(index.tokens, index.copies.index, 0.26)
+
+
+def test_memory_drafts_in_a_session_where_it_knows_more_than_the_prompt():
+    # The new turn writes text that only memory's other session holds: memory's copies are kept
+    # (aside_share), where the rule before (0: aside whenever the prompt holds the newest output)
+    # drafted none of it.
+    rng = random.Random(5)
+    prompt, last = _agent_session(rng)
+    elsewhere = [rng.randrange(100, 30000) for _ in range(40)]
+    steps = {}
+    for share in (PARAMS.aside_share, 0.0):
+        params = replace(PARAMS, aside_share=share)
+        mem = NGramMemory("m", params=params)
+        mem.add(elsewhere)
+        mem.add(last)
+        d = AdaptiveDrafter(cost=linear_cost(0.08), memory=mem, params=params)
+        steps[share] = replay(prompt, elsewhere, d, draft=64).counts.steps
+        assert d.respell == {90: 900}  # memory respells the turn's first token either way
+    assert steps == {PARAMS.aside_share: 6, 0.0: 40}

@@ -191,14 +191,16 @@ class AdaptiveDrafter:
         return made
 
     def _in_session(self, respell: dict[int, int] | None) -> None:
-        """Where the prompt already holds memory's newest output (an agent's next turn), memory's
-        n-grams and copies would count that conversation twice: only what the prompt cannot tell
-        is taken from it, how this model's outputs spell their first token (`respell`), and how
-        often its turns begin as earlier ones did (memory's acceptance of "turn" evidence)."""
+        """Where the prompt already holds memory's newest output (an agent's next turn), memory
+        tells how this model's outputs spell their first token (`respell`) and how often its turns
+        begin as earlier ones did (memory's acceptance of "turn" evidence). Its n-grams and copies
+        step aside only where the prompt holds nearly all memory knows (`aside_share`), which they
+        would count twice; memory's other sessions are text the prompt cannot tell."""
         if respell is None:
             return
         self.respell = respell
-        self._draw_on(None)
+        if self.memory.prompt_holds(self.tokens, self.copies.index, self.params.aside_share):
+            self._draw_on(None)
 
 
 def make_drafter(draft: int | None = None, *, max_order: int = defaults.MAX_ORDER,

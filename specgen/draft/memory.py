@@ -69,31 +69,55 @@ class NGramMemory:
         but for the first token, which the output spells apart (a leading space). If it does,
         {the prompt's spelling of an output's first token: the output's own}, from the newest
         outputs the prompt holds; else None (memory then drafts as usual)."""
-        key, found = self.params.copy_key, {}
+        found = {}
         for i in range(len(self._starts) - 1, max(len(self._starts) - 1 - newest, -1), -1):
-            s = self._starts[i]
-            e = self._starts[i + 1] - 1 if i + 1 < len(self._starts) else len(self.stream)
-            out = self.stream[s:e]
-            at = None
-            if len(out) > key + 1:
-                for p in reversed(index.where.get(context_keys(out[1:1 + key], key)[key], ())):
-                    if p - key - 1 >= 0 and toks[p:p + len(out) - 1 - key] == out[1 + key:]:
-                        at = p - key - 1
-                        break
+            at = self._held_at(i, toks, index)
             if at is None:
                 if i == len(self._starts) - 1:
                     return None  # the newest output is not there: another conversation
                 continue
-            found.setdefault(toks[at], out[0])
+            found.setdefault(toks[at], self.stream[self._starts[i]])
         return found if self._starts else None
+
+    def prompt_holds(self, toks: list[int], index: CopyIndex, share: float) -> bool:
+        """Whether the request's prompt (`toks`, its copy index) holds at least `share` of this
+        memory's output tokens (each output verbatim but its first token): if so, memory knows
+        little the prompt does not. Newest outputs first; it stops once the answer is known."""
+        total = len(self.stream) - len(self._starts)  # the stream holds a SEP before each output
+        need, spare = share * total, (1 - share) * total  # held tokens wanted, others allowed
+        held = other = 0
+        for i in range(len(self._starts) - 1, -1, -1):
+            if held >= need or other > spare:
+                break
+            size = self._end(i) - self._starts[i]
+            if self._held_at(i, toks, index) is None:
+                other += size
+            else:
+                held += size
+        return held >= need
+
+    def _end(self, i: int) -> int:
+        """The end (exclusive) in the stream of output `i`."""
+        return self._starts[i + 1] - 1 if i + 1 < len(self._starts) else len(self.stream)
+
+    def _held_at(self, i: int, toks: list[int], index: CopyIndex) -> int | None:
+        """Where `toks` (its copy index) holds output `i` verbatim but for its first token (the
+        position of that token, the newest such place), else None (as for outputs too short to tell)."""
+        key = self.params.copy_key
+        out = self.stream[self._starts[i]:self._end(i)]
+        if len(out) <= key + 1:
+            return None
+        for p in reversed(index.where.get(context_keys(out[1:1 + key], key)[key], ())):
+            if p - key - 1 >= 0 and toks[p:p + len(out) - 1 - key] == out[1 + key:]:
+                return p - key - 1
+        return None
 
     def contexts(self) -> int:
         return self.ngrams.contexts()
 
     def output_end(self, pos: int) -> int:
         """The end (exclusive) in the stream of the output that holds position `pos`."""
-        i = bisect_right(self._starts, pos)
-        return self._starts[i] - 1 if i < len(self._starts) else len(self.stream)
+        return self._end(bisect_right(self._starts, pos) - 1)
 
     def _bound(self) -> None:
         """Past the bound, drop the least-used contexts, down to 3/4 of it so that pruning is

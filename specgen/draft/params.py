@@ -42,6 +42,9 @@ class DrafterParams:
     support_smooth: float = 2.0  # pseudo-counts when the request's and memory's n-grams disagree
     cont_odds: float = 2.0  # odds factor for a copy continuing the source the last step followed
     memory_odds: float = 0.5  # odds factor for memory's n-grams and copies
+    # In an agent's session (the prompt holds memory's newest output) memory's n-grams and copies
+    # step aside where the prompt holds at least this share of its output tokens (0: always, > 1: never).
+    aside_share: float = 0.9
     predicted_odds: float = 1.0  # odds factor for copies from the caller's prediction (over copy_prior)
     copy_prior: tuple = _COPY_PRIOR
     realign_prior: tuple[float, ...] = (0.35, 0.6, 0.7, 0.8)  # by drafted position (last repeats)
