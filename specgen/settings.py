@@ -45,6 +45,8 @@ RULES: dict[str, Rule] = {
     "overlap": _real(0.0, 1.0, below=True, text="must be at least 0 and below 1"),
     "queue_after": _int(1),
     "repeats": _int(1),
+    "batch": _int(1),
+    "prefill_chunk": _int(1),
     "dtype": (lambda v: v in DTYPES, f"must be one of {', '.join(DTYPES)}"),
 }
 _OFF = {"top_p": 0.0, "min_p": 0.0, "top_k": 0}  # the sampling filters' "off" values

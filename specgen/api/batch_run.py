@@ -1,16 +1,22 @@
-"""Running a batch (`specgen run --prompts FILE [-o OUT]`): every prompt of the file through one
-engine (one model load, one calibration), each result written as one JSON line the moment it is
-done; with OUT, ids already complete there are skipped, so a killed batch run again finishes.
+"""Running a batch (`specgen run --prompts FILE [-o OUT] [--batch N]`): every prompt of the file
+through one engine (one model load, one calibration), up to N decoded together (the batch engine,
+engine/batch_streams.py; each text what the prompt gives alone), each result written as one JSON
+line in input order as soon as it and those before it are done; with OUT, ids already complete
+there are skipped, so a killed batch run again finishes. Models whose caches cannot batch, and
+`--batch 1`, run one prompt at a time.
 
-The file format, resuming and writing are batch.py's; this module only drives the engine.
+The file format, resuming and writing are batch_file.py's; this module only drives the engine.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Iterator
 
+from specgen import defaults
 from specgen.api.batch_file import BadLine, ResultWriter, done_ids, read_items
 from specgen.draft.stats import RunStats
+from specgen.engine.batch_streams import Streams, batch_unsupported
 from specgen.engine.engine import Engine, Request
 from specgen.engine.options import Options
 from specgen.errors import SpecgenError
@@ -19,19 +25,24 @@ EXIT_OK, EXIT_SOME_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
 def run_batch(engine: Engine, opts: Options, source: str, output: str | None, *, raw: bool = False,
-              system: str | None = None, say) -> int:
-    """Run every prompt of `source` (a path, or '-' for stdin); return the exit status: 0, or 1
-    when some lines or prompts failed (each failure is a result line with an "error")."""
+              system: str | None = None, say, batch: int = defaults.MAX_BATCH) -> int:
+    """Run every prompt of `source` (a path, or '-' for stdin), up to `batch` at once; return the
+    exit status: 0, or 1 when some lines or prompts failed (each failure is a result line with an
+    "error")."""
     items = list(read_items(sys.stdin if source == "-" else source))
     done = done_ids(output) if output else set()
     todo = [it for it in items if it.id is None or it.id not in done]
     if done:
         say(f"resuming: {len(items) - len(todo)} of {len(items)} prompts already in {output}")
+    why = batch_unsupported(engine) if batch > 1 else None
+    if why:
+        engine.notice(f"prompts run one at a time: {why}")
+    results = (_one_at_a_time(engine, opts, todo, raw, system) if batch == 1 or why
+               else _batched(engine, opts, todo, raw, system, batch))
     failed = ok = 0
     with ResultWriter(output if output else sys.stdout) as out, say.bar("prompts", len(todo)) as advance:
         try:
-            for item in todo:
-                record = _one(engine, opts, item, raw=raw, system=system)
+            for record in results:
                 failed += "error" in record
                 ok += "error" not in record
                 out.write(record)
@@ -47,16 +58,57 @@ def run_batch(engine: Engine, opts: Options, source: str, output: str | None, *,
     return EXIT_SOME_FAILED if failed else EXIT_OK
 
 
-def _one(engine: Engine, opts: Options, item, *, raw: bool, system: str | None) -> dict:
-    """The result line of one input line: the text and run stats, or its error."""
-    if isinstance(item, BadLine):
-        return {"id": item.id, "line": item.line, "error": item.error}
-    try:
-        ids = engine.encode(item.prompt, raw=raw, system=system)
-        if item.max_tokens is not None:
-            opts = Options(**{**vars(opts), "max_tokens": item.max_tokens})
-        stats = RunStats()
-        text = "".join(r.text for r in engine.stream(Request(ids, opts, prediction=item.prediction), stats))
-    except SpecgenError as e:
-        return {"id": item.id, "line": item.line, "error": str(e)}
-    return {"id": item.id, "text": text, **stats.to_dict()}
+def _request(engine: Engine, opts: Options, item, raw: bool, system: str | None) -> Request:
+    ids = engine.encode(item.prompt, raw=raw, system=system)
+    if item.max_tokens is not None:
+        opts = Options(**{**vars(opts), "max_tokens": item.max_tokens})
+    return Request(ids, opts, prediction=item.prediction)
+
+
+def _failed(item, error: str) -> dict:
+    return {"id": item.id, "line": item.line, "error": error}
+
+
+def _one_at_a_time(engine: Engine, opts: Options, todo: list, raw: bool, system: str | None) -> Iterator[dict]:
+    """The result line of each input line in turn: the text and run stats, or its error."""
+    for item in todo:
+        if isinstance(item, BadLine):
+            yield _failed(item, item.error)
+            continue
+        try:
+            stats = RunStats()
+            text = "".join(r.text for r in engine.stream(_request(engine, opts, item, raw, system), stats))
+        except SpecgenError as e:
+            yield _failed(item, str(e))
+            continue
+        yield {"id": item.id, "text": text, **stats.to_dict()}
+
+
+def _batched(engine: Engine, opts: Options, todo: list, raw: bool, system: str | None,
+             rows: int) -> Iterator[dict]:
+    """The result lines in input order, the prompts decoded `rows` at a time. A prompt joins as
+    a row frees up (one more waits to prefill), so the finished ones come out roughly in order."""
+    streams = Streams(engine, max_rows=rows)
+    records: dict[int, dict] = {}  # by input position, until the ones before are written
+    texts: dict[int, list[str]] = {}
+    runs: dict[int, RunStats] = {}
+    added = written = 0
+    while written < len(todo):
+        while added < len(todo) and len(streams) <= rows:
+            item = todo[added]
+            if isinstance(item, BadLine):
+                records[added] = _failed(item, item.error)
+            else:
+                try:
+                    runs[added] = streams.add(added, _request(engine, opts, item, raw, system))
+                    texts[added] = []
+                except SpecgenError as e:
+                    records[added] = _failed(item, str(e))
+            added += 1
+        for i, response in streams.step() if streams.busy else ():
+            texts[i].append(response.text)
+            if response.finish_reason is not None:
+                records[i] = {"id": todo[i].id, "text": "".join(texts.pop(i)), **runs.pop(i).to_dict()}
+        while written in records:
+            yield records.pop(written)
+            written += 1

@@ -15,8 +15,8 @@ from typing import Sequence
 from mlx_lm.generate import BatchResponse
 from mlx_lm.generate_utils import BatchCounters, BatchCountersSnapshot
 
+from specgen import defaults
 from specgen.api.generate import _notice, _prompt_ids, engine_for, stream_generate
-from specgen.engine.batch import MAX_ROWS
 from specgen.engine.batch_streams import Streams, batch_unsupported
 from specgen.engine.engine import Request
 from specgen.engine.options import Options
@@ -31,7 +31,7 @@ _NOT_OFFERED = ("prompt_caches", "return_prompt_caches", "return_logprobs", "max
 def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
                    max_tokens: int | Sequence[int] = 128, verbose: bool = False, *,
                    return_token_ids: bool = False, sampler=None, logits_processors=None,
-                   completion_batch_size: int = MAX_ROWS, prefill_step_size: int | None = None,
+                   completion_batch_size: int = defaults.MAX_BATCH, prefill_step_size: int | None = None,
                    stop: str | Sequence[str] = (), seed: int | Sequence[int] | None = None,
                    **options) -> BatchResponse:
     """Generate from every prompt (strings or token ids), up to `completion_batch_size` at once,

@@ -59,6 +59,8 @@ def run(
                                           help="Run many prompts with one model load: JSONL {\"prompt\" or \"messages\", \"id\"} or plain lines ('-' = stdin); one JSON result line each."),
     output: Optional[str] = typer.Option(None, "-o", "--output", show_default=False,
                                          help="With --prompts: append results to this JSONL file; run again to resume (ids already there are skipped)."),
+    batch_rows: int = typer.Option(defaults.MAX_BATCH, "--batch",
+                                   help="With --prompts: decode up to N prompts together, each speculating (1 = one at a time)."),
     predict: Optional[str] = typer.Option(None, "--predict", show_default=False,
                                           help="A file with text the output is expected to repeat (e.g. the file being edited): drafts come from it; the output is unchanged."),
     max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens to generate."),
@@ -92,7 +94,7 @@ def run(
     say = Notices(quiet)
     opts = Options(max_tokens=max_tokens, draft=draft, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
                    seed=seed, ngram_order=ngram_order, window=window, memory=memory)
-    say.settings(opts.check() + check(dtype=dtype))
+    say.settings(opts.check() + check(dtype=dtype, batch=batch_rows))
     batch = prompts is not None
     for flag, value in (("the prompt", prompt), ("--file", file), ("--predict", predict), ("--color", color)):
         if batch and value:
@@ -112,7 +114,8 @@ def run(
     if batch:
         from specgen.api.batch_run import run_batch
 
-        raise typer.Exit(run_batch(engine, opts, prompts, output, raw=raw, system=system, say=say))
+        raise typer.Exit(run_batch(engine, opts, prompts, output, raw=raw, system=system, say=say,
+                                   batch=batch_rows))
     ids = shared_ints(group, lambda: engine.encode(
         text if text is not None else read_prompt(prompt, file, io.StringIO()), raw=raw, system=system))
     stats = RunStats()

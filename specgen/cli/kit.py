@@ -22,7 +22,7 @@ FLAGS = {"max_tokens": "--max-tokens", "draft": "--draft", "ngram_order": "--ngr
          "window": "--window", "temp": "--temp", "top_p": "--top-p", "top_k": "--top-k",
          "min_p": "--min-p", "seed": "--seed", "beta": "--beta", "overlap": "--overlap",
          "queue_after": "--pipeline-after", "repeats": "--repeats", "system": "--system",
-         "dtype": "--dtype", "prompt": "the prompt", "memory": "--memory"}
+         "dtype": "--dtype", "prompt": "the prompt", "memory": "--memory", "batch": "--batch"}
 DTYPE_HELP = "Convert (and dequantize) the weights to this dtype: float32, float16 or bfloat16."
 
 

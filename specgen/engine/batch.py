@@ -33,25 +33,22 @@ from specgen.engine.batch_cost import Pricing
 from specgen.engine.batch_row import Row
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector
-from specgen.errors import InputError, SettingError
+from specgen.errors import InputError
 from specgen.settings import check
 
 Event = tuple[Hashable, "Prefilled | Step"]
 PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
-MAX_ROWS = 8  # sequences decoded together unless told otherwise
 
 
 class Batch:
     """The active and waiting sequences of one model (not thread-safe: one thread steps it)."""
 
-    def __init__(self, model, *, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
+    def __init__(self, model, *, max_rows: int = defaults.MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
                  pricing: Pricing | None = None):
         why = unbatchable(make_prompt_cache(model))
         if why:
             raise InputError(f"this model cannot run in a batch: {why}")
-        for name, value in (("max_rows", max_rows), ("prefill_chunk", prefill_chunk)):
-            if not (isinstance(value, int) and value >= 1):
-                raise SettingError(name, "must be a positive integer", value)
+        check(batch=max_rows, prefill_chunk=prefill_chunk)
         self.model, self.max_rows, self.prefill_chunk = model, max_rows, prefill_chunk
         self.pricing = pricing  # what steps cost by rows (None: drafters keep their own cost)
         self.rows: list[Row] = []  # in the ragged cache's row order

@@ -14,9 +14,10 @@ from typing import Hashable
 
 from mlx_lm.models.cache import make_prompt_cache
 
+from specgen import defaults
 from specgen.draft.stats import RunStats
 from specgen.engine import batch_cost
-from specgen.engine.batch import MAX_ROWS, Batch
+from specgen.engine.batch import Batch
 from specgen.engine.batch_cache import unbatchable
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Engine, Request
@@ -38,7 +39,7 @@ class _Open:
 class Streams:
     """Requests decoded together: `add` them, `step` until not `busy`, `cancel` any."""
 
-    def __init__(self, engine: Engine, *, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK):
+    def __init__(self, engine: Engine, *, max_rows: int = defaults.MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK):
         self.engine = engine
         self.batch = Batch(engine.loaded.model, max_rows=max_rows, prefill_chunk=prefill_chunk)
         self._open: dict[Hashable, _Open] = {}

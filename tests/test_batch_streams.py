@@ -1,0 +1,105 @@
+"""Requests through the batch engine answer as `Engine.stream` answers each alone: the same
+responses (text, tokens, finish reasons, stats), stop strings ending only their own row, the
+cache a finished row hands over holding what the single-sequence cache holds; `run --prompts
+--batch N` writes the results of one-at-a-time runs, in input order."""
+
+import json
+
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+from typer.testing import CliRunner
+
+from specgen.cli.commands import app
+from specgen.draft.stats import RunStats
+from specgen.engine.batch_streams import Streams
+from specgen.engine.engine import Request
+from specgen.engine.options import Options
+
+STARTS = ["Once upon a time", "The little dog", "Tom and Sue went to the park", "One day, a bird",
+          "Lily had a red ball", "The sun was hot"]
+
+
+def settings():
+    return [Options(max_tokens=40), Options(max_tokens=30, temp=0.7, seed=3), Options(max_tokens=50, draft=3),
+            Options(max_tokens=40, stop=(".",)), Options(max_tokens=25, draft=0), Options(max_tokens=60)]
+
+
+def seen(responses):
+    """What a caller reads (which tokens came from drafts may differ: batched drafts are priced
+    by rows)."""
+    return [(r.text, r.token, r.finish_reason, r.generation_tokens) for r in responses]
+
+
+def test_each_request_gets_the_responses_it_gets_alone(demo_engine):
+    requests = [Request(demo_engine.encode(p), o) for p, o in zip(STARTS, settings())]
+    alone, alone_stats = [], []
+    for r in requests:
+        stats = RunStats()
+        alone.append(seen(demo_engine.stream(r, stats)))
+        alone_stats.append(stats)
+    streams = Streams(demo_engine, max_rows=3, prefill_chunk=4)
+    runs = [streams.add(i, r) for i, r in enumerate(requests)]
+    got = {i: [] for i in range(len(requests))}
+    while streams.busy:
+        for i, response in streams.step():
+            got[i].append(response)
+    assert [seen(got[i]) for i in range(len(requests))] == alone
+    assert "." not in "".join(r.text for r in got[3]) and got[3][-1].finish_reason == "stop"
+    for s, a in zip(runs, alone_stats):
+        assert (s.output_ids, s.stop_reason, s.seed, s.draft_mode) == (a.output_ids, a.stop_reason, a.seed,
+                                                                       a.draft_mode)
+    assert len(streams) == 0
+
+
+def test_a_finished_row_hands_over_the_cache_a_single_run_leaves(demo_engine):
+    ids = demo_engine.encode("Once upon a time")
+    solo_cache = make_prompt_cache(demo_engine.loaded.model)
+    stats = RunStats()
+    list(demo_engine.stream(Request(ids, Options(max_tokens=30), prompt_cache=solo_cache), stats))
+    streams = Streams(demo_engine, max_rows=2)
+    streams.add("other", Request(demo_engine.encode("The little dog"), Options(max_tokens=50, draft=4)))
+    streams.add("kept", Request(ids, Options(max_tokens=30)), keep_cache=True)
+    while streams.busy:
+        streams.step()
+    kept = streams.kept("kept")
+    assert kept[0].offset == solo_cache[0].offset == len(ids) + len(stats.output_ids) - 1
+    for ours, theirs in zip(kept, solo_cache):
+        n = theirs.offset
+        assert np.allclose(np.array(ours.keys[..., :n, :]), np.array(theirs.keys[..., :n, :]), atol=1e-5)
+    assert streams.kept("kept") is None  # handed over once
+
+
+def test_cancelling_one_request_leaves_the_others(demo_engine):
+    requests = [Request(demo_engine.encode(p), Options(max_tokens=30)) for p in STARTS[:3]]
+    alone = [seen(demo_engine.stream(r)) for r in requests]
+    streams = Streams(demo_engine, max_rows=3)
+    for i, r in enumerate(requests):
+        streams.add(i, r)
+    got, step = {i: [] for i in range(3)}, 0
+    while streams.busy:
+        if step == 4:
+            streams.cancel(1)
+        for i, response in streams.step():
+            got[i].append(response)
+        step += 1
+    assert seen(got[0]) == alone[0] and seen(got[2]) == alone[2]
+    assert 0 < len(got[1]) < len(alone[1])
+
+
+@pytest.mark.usefixtures("quick_calibration")
+def test_run_prompts_batched_writes_what_one_at_a_time_writes_in_input_order(tmp_path):
+    source = tmp_path / "in.jsonl"
+    lines = [json.dumps({"id": f"p{i}", "prompt": p, "max_tokens": 20 + 7 * i}) for i, p in enumerate(STARTS)]
+    source.write_text("\n".join(lines[:2] + ["{not json"] + lines[2:]) + "\n")
+    out = {}
+    for batch in ("1", "4"):
+        r = CliRunner().invoke(app, ["run", "--prompts", str(source), "--batch", batch],
+                               env={"HF_HUB_OFFLINE": "1", "SPECGEN_MODEL": "demo"})
+        assert r.exit_code == 1, r.output  # the bad line is a failed result; the others run
+        out[batch] = [json.loads(x) for x in r.stdout.splitlines()]
+    ids = [x.get("id") for x in out["4"]]
+    assert ids == ["p0", "p1", None, "p2", "p3", "p4", "p5"] and "error" in out["4"][2]
+    assert [x.get("text") for x in out["4"]] == [x.get("text") for x in out["1"]]
+    assert [x.get("generated_tokens") for x in out["4"]] == [x.get("generated_tokens") for x in out["1"]]
+
