@@ -2,7 +2,7 @@
 one file out: tuned on three agent sessions, reported on the fourth, each in turn.
 
     python benchmarks/leave_one_out.py [-t TOKENIZER] [FILE.jsonl ...]
-        (default: ../shared/traces/agent_*.jsonl, Llama-2 tokenizer; about 3 minutes)
+        (default: ../shared/traces/agent_*.jsonl, Llama-2 tokenizer; one to two minutes)
 
 The candidates are values of `aside_share`: memory's n-grams and copies step aside where the
 prompt holds memory's newest output and at least that share of its output tokens; 0 is the rule
