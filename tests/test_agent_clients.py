@@ -22,21 +22,19 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import SHARED
+from conftest import SMOLLM2, TEMPLATE, needs_smollm2
 from servers import running
-from test_serve_models import TEMPLATE
 
 from specgen.engine import calibrate
 from specgen.engine.engine import Engine
 
 AGENTS = Path(__file__).parent / "agents"
-SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
 KEY = "sk-specgen-test"
 PROMPT = "Say hello."
 CLIENT_S = 300  # one client run, start to exit
 OVERFLOW = re.compile(r"input length and `?max_tokens`? exceed context limit: (\d+) \+ (\d+) > (\d+)")
 
-pytestmark = pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")
+pytestmark = needs_smollm2
 
 CODEX_CONFIG = """\
 model = "smollm2"
@@ -85,19 +83,6 @@ def agent_clients() -> dict[str, str]:
     return dict(line.split(" ", 1) for line in done.stdout.splitlines())
 
 
-def _engine(folder: Path) -> Engine:
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(calibrate, "BUDGET_S", 0.5)  # these tests are not about the cost curve
-        engine = Engine.load(str(folder))
-        engine.costs()
-    return engine
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Engine:
-    return _engine(SMOLLM2)
-
-
 @pytest.fixture(scope="module")
 def smollm2_with_tools(tmp_path_factory) -> Engine:
     """SmolLM2's weights with a ChatML template that writes the tools' schemas into the prompt, as
@@ -107,7 +92,11 @@ def smollm2_with_tools(tmp_path_factory) -> Engine:
         (folder / name).symlink_to(SMOLLM2 / name)
     config = json.loads((SMOLLM2 / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
-    return _engine(folder)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(calibrate, "BUDGET_S", 0.5)  # this test is not about the cost curve
+        engine = Engine.load(str(folder))
+        engine.costs()
+    return engine
 
 
 class _Forward(BaseHTTPRequestHandler):
@@ -179,9 +168,9 @@ def codex(binary: str, url: str, tmp: Path) -> list[dict]:
 
 
 def test_claude_code_completes_a_turn_with_the_servers_text_and_its_next_run_hits_the_prompt_cache(
-        smollm2, agent_clients, tmp_path):
+        smollm2_engine, agent_clients, tmp_path):
     shrink = ("--system-prompt", "You are a helpful assistant.", "--tools", "")
-    with running(smollm2, model_name="smollm2", api_key=KEY) as (url, _), recording(url) as (proxy, seen):
+    with running(smollm2_engine, model_name="smollm2", api_key=KEY) as (url, _), recording(url) as (proxy, seen):
         first = claude(agent_clients["claude"], proxy, tmp_path, *shrink)
         again = claude(agent_clients["claude"], proxy, tmp_path, *shrink)
         (path, body), _ = seen
@@ -200,8 +189,8 @@ def test_claude_code_completes_a_turn_with_the_servers_text_and_its_next_run_hit
 
 
 def test_codex_completes_a_turn_with_the_servers_text_and_its_next_run_hits_the_prompt_cache(
-        smollm2, agent_clients, tmp_path):
-    with running(smollm2, model_name="smollm2", api_key=KEY) as (url, _), recording(url) as (proxy, seen):
+        smollm2_engine, agent_clients, tmp_path):
+    with running(smollm2_engine, model_name="smollm2", api_key=KEY) as (url, _), recording(url) as (proxy, seen):
         events = codex(agent_clients["codex"], proxy, tmp_path)
         again = codex(agent_clients["codex"], proxy, tmp_path)
         (path, body), _ = seen
