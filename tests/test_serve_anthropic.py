@@ -1,7 +1,8 @@
 """`specgen serve`'s Anthropic Messages API (what Claude Code speaks) through the official `anthropic`
-client, on a real server: the text chat completions gives for the same conversation, streamed in
-the documented event order or not; count_tokens; the next turn read from the prompt cache although
-Claude Code's billing header changed; a tool-use round trip; every bad request a 4xx in
+client, on a real server, with the requests Claude Code really sends (tests/agents/requests): the
+text chat completions gives for the same conversation, streamed in the documented event order or
+not; count_tokens; the next turn read from the prompt cache although Claude Code's billing header
+changed; its full-size request refused with the overflow 400 it parses; a tool-use round trip; every bad request a 4xx in
 Anthropic's error shape, the server answering after it; the key as x-api-key or Bearer; a prompt
 too long for the context as the 400 Claude Code parses; a client that leaves cancels its job.
 """
@@ -9,6 +10,7 @@ too long for the context as the 400 Claude Code parses; a client that leaves can
 import json
 import re
 import time
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -16,16 +18,40 @@ import pytest
 from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers
 from servers import anthropic_client, client, running
 
-SYSTEM = "You are a helpful assistant."
-BILLING = "x-anthropic-billing-header: cc_version=2.0.{}; cc_entrypoint=sdk-cli;"
+REQUESTS = Path(__file__).parent / "agents" / "requests"  # what Claude Code really sent
 ORDER = re.compile(r"message_start (content_block_start (content_block_delta )+content_block_stop )*"
                    r"message_delta message_stop")
 
 
-def system(turn: int) -> list[dict]:
-    """Claude Code's system prompt: a billing header that changes on every request, then the prompt."""
-    return [{"type": "text", "text": BILLING.format(turn)},
-            {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+def claude(name: str, turn: int = 0, **changes) -> dict:
+    """A captured Claude Code request, its billing header (which changes on every request) made
+    this turn's; the small one's environment message shortened (every block and field kept), as
+    SmolLM2 on 2 CPU cores prefills ~6 tokens a second."""
+    body = json.loads((REQUESTS / f"claude_{name}.json").read_text())
+    if name == "small":
+        assert body["messages"][1]["role"] == "system"
+        body["messages"][1]["content"][0]["text"] = "# Environment\n - Platform: linux"
+    body.update(changes)
+    header = body["system"][0]
+    assert header["text"].startswith("x-anthropic-billing-header:")
+    body["system"] = [{**header, "text": header["text"].replace("cc_version=", f"cc_version={turn}.")}, *body["system"][1:]]
+    return body
+
+
+def as_chat(body: dict) -> list[dict]:
+    """The same conversation as chat completions messages: the system blocks (but the billing
+    header) and system messages as one leading system message."""
+    system = [b["text"] for b in body["system"][1:]]
+    system += [b["text"] for m in body["messages"] if m["role"] == "system" for b in m["content"]]
+    said = [{"role": m["role"], "content": m["content"]} for m in body["messages"] if m["role"] != "system"]
+    return [{"role": "system", "content": "\n\n".join(system)}, *said]
+
+
+def sdk(body: dict) -> dict:
+    """A request body as the SDK's arguments: fields it does not name go as extra_body."""
+    named = {"model", "messages", "system", "tools", "metadata", "max_tokens", "thinking"}
+    return {**{k: v for k, v in body.items() if k in named},
+            "extra_body": {k: v for k, v in body.items() if k not in named | {"stream"}}}
 
 
 def sse(url: str, body: dict, path: str = "/v1/messages?beta=true") -> list[tuple[str, dict]]:
@@ -37,34 +63,37 @@ def sse(url: str, body: dict, path: str = "/v1/messages?beta=true") -> list[tupl
 
 
 @needs_smollm2
-def test_text_equals_chat_completions_streamed_or_not_and_the_next_turn_reads_the_cache(smollm2_engine):
+def test_claude_codes_request_gets_chat_completions_text_streamed_or_not_and_its_next_turn_reads_the_cache(smollm2_engine):
+    first = claude("small", 1, max_tokens=5)  # Claude Code's own is 128000: clamped to the room left
     with running(smollm2_engine, model_name="smollm2") as (url, _):
         c, chat = anthropic_client(url), client(url)
-        ask = {"model": "claude-local", "max_tokens": 8, "messages": QUESTION}
-        whole = c.messages.create(system=system(1), **ask)
-        with c.messages.stream(system=system(2), **ask) as s:
+        records = sse(url, first)
+        whole = c.messages.create(**sdk(claude("small", 2, max_tokens=5)))
+        with c.messages.stream(**sdk(claude("small", 3, max_tokens=5))) as s:
             streamed = s.get_final_message()
-        records = sse(url, {**ask, "system": system(3)})
-        counted = c.messages.count_tokens(model="claude-local-small", system=system(4), messages=QUESTION)
-        expected = chat.chat.completions.create(model="smollm2", max_tokens=8,
-                                                messages=[{"role": "system", "content": SYSTEM}, *QUESTION])
+        counted = c.messages.count_tokens(**{k: v for k, v in sdk(first).items() if k not in ("max_tokens", "metadata")})
+        expected = chat.chat.completions.create(model="smollm2", max_tokens=5, messages=as_chat(first))
         text = whole.content[0].text
-        two = QUESTION + [{"role": "assistant", "content": text}, {"role": "user", "content": "And three more?"}]
-        turn = c.messages.create(**{**ask, "messages": two}, system=system(5))
-        fresh = chat.chat.completions.create(model="smollm2", max_tokens=8, messages=[{"role": "system", "content": SYSTEM}, *two])
+        second = claude("small", 4, max_tokens=5, messages=[
+            *first["messages"], {"role": "assistant", "content": [{"type": "text", "text": text}]},
+            {"role": "user", "content": "And again?"}])
+        turn = c.messages.create(**sdk(second))
+        fresh = chat.chat.completions.create(model="smollm2", max_tokens=5, messages=as_chat(second))
     assert text == streamed.content[0].text == expected.choices[0].message.content
     finish = {"length": "max_tokens", "stop": "end_turn"}[expected.choices[0].finish_reason]
     assert [b.type for b in whole.content] == ["text"] and whole.stop_reason == finish == streamed.stop_reason
-    assert (whole.type, whole.role, whole.model) == ("message", "assistant", "claude-local")
+    assert (whole.type, whole.role, whole.model) == ("message", "assistant", "claude-opus-5-5")
     assert whole.usage.output_tokens == expected.usage.completion_tokens == streamed.usage.output_tokens
     prompt = expected.usage.prompt_tokens  # the billing header reached no prompt
     assert counted.input_tokens == prompt == whole.usage.input_tokens + whole.usage.cache_read_input_tokens
     assert ORDER.fullmatch(" ".join(name for name, _ in records))
     assert all(name == data["type"] for name, data in records)
     assert "".join(d["delta"]["text"] for n, d in records if n == "content_block_delta") == text
-    assert records[0][1]["message"]["usage"]["cache_read_input_tokens"] > 0  # the same prompt again
+    assert records[0][1]["message"]["usage"] == {"input_tokens": prompt, "cache_creation_input_tokens": 0,
+                                                 "cache_read_input_tokens": 0, "output_tokens": 0}
     assert records[-2][1]["delta"]["stop_reason"] == finish
     assert records[-2][1]["usage"]["output_tokens"] == whole.usage.output_tokens
+    assert whole.usage.cache_read_input_tokens == prompt - 1  # the same prompt again, header aside
     # the first turn's prompt and output were kept, although the billing header changed
     assert turn.usage.cache_read_input_tokens > prompt
     assert turn.content[0].text == fresh.choices[0].message.content
@@ -166,6 +195,13 @@ def test_unknown_fields_and_blocks_are_ignored_and_stop_sequences_end_the_text(s
     stopped = c.messages.create(model="claude", max_tokens=24, messages=MSG, stop_sequences=["zzz", word])
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", word)
     assert stopped.content[0].text == text[:text.index(word)]
+
+
+def test_claude_codes_full_size_request_is_the_overflow_400_not_a_5xx(served):
+    url, _ = served
+    r = httpx.post(f"{url}/v1/messages?beta=true", json=claude("full"), timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert re.search(r"context limit: \d+ \+ 128000 > 512", r.json()["error"]["message"])
 
 
 def test_errors_outside_the_routes_are_anthropics_shape_too(served):

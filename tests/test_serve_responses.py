@@ -1,20 +1,53 @@
 """`specgen serve`'s OpenAI Responses API (what Codex speaks) through the official `openai` client's
-`responses`, on a real server: the text chat completions gives for the same conversation, streamed
-in the documented event order (ending in response.completed with usage) or not; the next turn,
-sent whole as Codex does, reads the prompt cache; a function-call round trip; every bad request a
+`responses`, on a real server, with the requests Codex really sends (tests/agents/requests): the
+text chat completions gives for the same conversation, streamed in the documented event order
+(ending in response.completed with usage) or not; the next turn, sent whole as Codex does, reads
+the prompt cache; its full-size request refused with a 400 (context_length_exceeded); a function-call round trip; every bad request a
 4xx in OpenAI's error shape, the server answering after it; `"stream": "yes"` refused by all three
 APIs; /v1/models as both the OpenAI client and Codex read it; a client that leaves cancels its job.
 """
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers
 from servers import client, running
 
-INSTRUCTIONS = "You are a helpful assistant."
+REQUESTS = Path(__file__).parent / "agents" / "requests"  # what Codex really sent
+
+
+def codex(name: str, **changes) -> dict:
+    """A captured Codex request; the small one's permissions and environment messages shortened
+    (every item and field kept), as SmolLM2 on 2 CPU cores prefills ~6 tokens a second."""
+    body = json.loads((REQUESTS / f"codex_{name}.json").read_text())
+    if name == "small":
+        for item, short in zip(body["input"][1:3], ("<permissions instructions>read-only</permissions instructions>",
+                                                    "<environment_context><shell>bash</shell></environment_context>")):
+            item["content"][0]["text"] = short
+    return {**body, **changes}
+
+
+def as_chat(body: dict) -> list[dict]:
+    """The same conversation as chat completions messages: developer messages as one leading
+    system message, input_text / output_text parts joined."""
+    def text(item):
+        return "\n\n".join(p["text"] for p in item["content"])
+
+    items = [i for i in body["input"] if i.get("type", "message") == "message"]
+    system = [text(i) for i in items if i["role"] in ("developer", "system")]
+    said = [{"role": i["role"], "content": text(i)} for i in items if i["role"] in ("user", "assistant")]
+    return [{"role": "system", "content": "\n\n".join(system)}, *said]
+
+
+def sdk(body: dict) -> dict:
+    """A request body as the SDK's arguments: fields it does not name go as extra_body."""
+    named = {"model", "input", "tools", "tool_choice", "parallel_tool_calls", "reasoning", "store", "include",
+             "prompt_cache_key", "max_output_tokens"}
+    return {**{k: v for k, v in body.items() if k in named},
+            "extra_body": {k: v for k, v in body.items() if k not in named | {"stream"}}}
 
 
 def events(url: str, body: dict) -> list[dict]:
@@ -28,21 +61,18 @@ def events(url: str, body: dict) -> list[dict]:
 
 
 @needs_smollm2
-def test_text_equals_chat_completions_streamed_or_not_and_the_next_turn_reads_the_cache(smollm2_engine):
-    ask = {"model": "gpt-5-codex", "instructions": INSTRUCTIONS, "max_output_tokens": 5}
-    user = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION[0]["content"]}]}]
+def test_codexs_request_gets_chat_completions_text_streamed_or_not_and_its_next_turn_reads_the_cache(smollm2_engine):
+    first = codex("small", max_output_tokens=5)  # Codex sends none: the output is bounded by the context
     with running(smollm2_engine, model_name="smollm2") as (url, _):
         c = client(url)
-        whole = c.responses.create(input=user, **ask)
-        streamed = events(url, {**ask, "input": user})
-        expected = c.chat.completions.create(model="smollm2", max_tokens=5,
-                                             messages=[{"role": "system", "content": INSTRUCTIONS}, *QUESTION])
-        history = user + [{"type": "reasoning", "id": "rs_1", "summary": []}, streamed[-1]["response"]["output"][0],
-                          {"role": "user", "content": "And three more?"}]
-        turn = c.responses.create(input=history, **ask)
-        fresh = c.chat.completions.create(model="smollm2", max_tokens=5, messages=[
-            {"role": "system", "content": INSTRUCTIONS}, *QUESTION, {"role": "assistant", "content": whole.output_text},
-            {"role": "user", "content": "And three more?"}])
+        streamed = events(url, first)
+        whole = c.responses.create(**sdk(first))
+        expected = c.chat.completions.create(model="smollm2", max_tokens=5, messages=as_chat(first))
+        history = [*first["input"], {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None},
+                   streamed[-1]["response"]["output"][0],
+                   {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "And again?"}]}]
+        turn = c.responses.create(**sdk({**first, "input": history}))
+        fresh = c.chat.completions.create(model="smollm2", max_tokens=5, messages=as_chat({"input": history}))
     text = expected.choices[0].message.content
     assert whole.output_text == text and whole.status == ("incomplete" if expected.choices[0].finish_reason == "length" else "completed")
     assert whole.usage.input_tokens == expected.usage.prompt_tokens and whole.usage.output_tokens == expected.usage.completion_tokens
@@ -54,7 +84,8 @@ def test_text_equals_chat_completions_streamed_or_not_and_the_next_turn_reads_th
     assert [e["sequence_number"] for e in streamed] == list(range(len(streamed)))
     assert "".join(e["delta"] for e in streamed if e["type"] == "response.output_text.delta") == text
     done = streamed[-1]["response"]
-    assert done["output"][0]["content"][0]["text"] == text and done["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    assert done["output"][0]["content"][0]["text"] == text and done["usage"]["output_tokens"] == whole.usage.output_tokens
+    assert whole.usage.input_tokens_details.cached_tokens == whole.usage.input_tokens - 1  # the same prompt again
     assert turn.usage.input_tokens_details.cached_tokens > whole.usage.input_tokens  # the first turn's output too
     assert turn.output_text == fresh.choices[0].message.content
 
@@ -134,6 +165,12 @@ def test_types_are_strict_in_every_api(served, path, body):
         r = httpx.post(url + path, json={"model": "demo", **body, **wrong}, timeout=30)
         assert r.status_code == 400, (wrong, r.text)
     assert httpx.post(url + path, json={"model": "demo", **body, "temperature": 0}, timeout=30).status_code == 200
+
+
+def test_codexs_full_size_request_is_a_400_not_a_5xx(served):
+    url, _ = served
+    r = httpx.post(f"{url}/v1/responses", json=codex("full"), timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
 
 
 def test_models_read_by_the_openai_client_and_codex(served):

@@ -127,9 +127,11 @@ class MessagesRequest(CountRequest):
             raise ApiError(400, f"input length and `max_tokens` exceed context limit: {prompt_tokens} + "
                                 f"{self.max_tokens} > {context}, decrease input length or `max_tokens` and try again",
                            "messages", "context_length_exceeded")
-        room = self.max_tokens if context is None or self.max_tokens < 1 else min(self.max_tokens, context - prompt_tokens)
-        return make_generation(max_tokens=room, stop=tuple(self.stop_sequences or ()), temperature=self.temperature,
-                               top_p=self.top_p, top_k=self.top_k, stream=bool(self.stream),
+        room = self.max_tokens
+        if context is not None and room >= 1:  # an invalid max_tokens stays, for Options to name it
+            room = min(room, context - prompt_tokens)
+        return make_generation(max_tokens=room, stop=tuple(self.stop_sequences or ()),
+                               temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, stream=bool(self.stream),
                                fields={"stop": "stop_sequences"}, **known)
 
 
@@ -152,7 +154,8 @@ def _refuse(blocks: list, where: str) -> None:
 
 def _assistant(blocks: list) -> dict:
     # thinking blocks stay out, as chat templates drop earlier turns' reasoning
-    message: dict[str, Any] = {"role": "assistant", "content": JOIN.join(b.text for b in blocks if isinstance(b, TextBlock))}
+    text = JOIN.join(b.text for b in blocks if isinstance(b, TextBlock))
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
              for b in blocks if isinstance(b, ToolUseBlock)]
     if calls:

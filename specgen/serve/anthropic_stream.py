@@ -94,13 +94,16 @@ class MessageBuilder:
     def _text(self, kind: str, text: str) -> list[Event]:
         if not text:
             return []
-        events = [] if self.open == kind else self._start({"type": kind, kind: ""} | ({"signature": ""} if kind == "thinking" else {}))
+        if self.open != kind:
+            events = self._start({"type": kind, kind: ""} | ({"signature": ""} if kind == "thinking" else {}))
+        else:
+            events = []
         self.blocks[-1][kind] += text
         return events + [self._delta({"type": f"{kind}_delta", kind: text})]
 
     def _tool_use(self, call: dict) -> list[Event]:
-        block = {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
-                 "input": json_arguments(call)}
-        events = self._start(block, {**block, "input": {}})
-        return events + [self._delta({"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}),
-                         *self._close()]
+        block = {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"),
+                 "name": call["function"]["name"], "input": json_arguments(call)}
+        arguments = json.dumps(block["input"], ensure_ascii=False)
+        return [*self._start(block, {**block, "input": {}}),
+                self._delta({"type": "input_json_delta", "partial_json": arguments}), *self._close()]

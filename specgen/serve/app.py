@@ -94,8 +94,10 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     @app.middleware("http")
     async def authorize(request: HttpRequest, call_next):
-        if config.api_key and request.url.path.startswith("/v1/") and request.method != "OPTIONS":  # CORS preflights carry no key
-            given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+        # CORS preflights carry no key; Anthropic's clients send theirs as x-api-key
+        if config.api_key and request.url.path.startswith("/v1/") and request.method != "OPTIONS":
+            headers = request.headers
+            given = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
             if not secrets.compare_digest(given.encode(), config.api_key.encode()):
                 e = ApiError(401, "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)",
                              code="invalid_api_key", kind="authentication_error")

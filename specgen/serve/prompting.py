@@ -2,8 +2,9 @@
 
 Chat messages go through the model's chat template with their tools (mlx-lm's tokenizer
 wrapper, as mlx_lm.server does), whichever API they came from; completions are encoded as mlx-lm
-encodes a prompt. Generated text is split by mlx-lm's TextStateMachine into content, reasoning and tool-call text, and tool
-calls are parsed by the model's mlx-lm tool parser: nothing of this is written again here.
+encodes a prompt. Generated text is split by mlx-lm's TextStateMachine into content, reasoning and
+tool-call text, and tool calls are parsed by the model's mlx-lm tool parser: nothing of this is
+written again here.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, Union
 
+from pydantic import Field
+
 from specgen.serve.schema import JOIN, Generation, Lenient, bad, make_generation, tagged
 
 REFUSED = ("input_image", "input_file", "input_audio")  # parts a text model cannot read
@@ -84,7 +86,7 @@ class CustomTool(Lenient):
 class NamespaceTool(Lenient):
     type: Literal["namespace"]
     name: str
-    tools: list[Tool] = []
+    tools: list[Tool] = Field(default_factory=list)
 
 
 class OtherTool(Lenient):
@@ -163,7 +165,10 @@ class ResponsesRequest(Lenient):
         """What this request asks of the engine; no max_output_tokens means the room in the context."""
         room = None if context is None else context - prompt_tokens
         limit = self.max_output_tokens
-        limit = (room or default_max_tokens) if limit is None else limit if room is None or limit < 1 else min(limit, room)
+        if limit is None:
+            limit = default_max_tokens if room is None else room
+        elif room is not None and limit >= 1:  # an invalid one stays, for Options to name it
+            limit = min(limit, room)
         return make_generation(max_tokens=limit, temperature=self.temperature, top_p=self.top_p,
                                stream=bool(self.stream), fields={"max_tokens": "max_output_tokens"}, **known)
 
@@ -174,7 +179,8 @@ def _text(content, where: str) -> str:
     for j, part in enumerate(content):
         if part.type in REFUSED:
             raise bad(f"{where}[{j}]", f"{part.type} parts are not supported: specgen serves text-only models")
-    return JOIN.join(p.text if p.text is not None else p.refusal or "" for p in content if p.text is not None or p.refusal)
+    said = (p.text if p.text is not None else p.refusal for p in content)
+    return JOIN.join(text for text in said if text is not None)
 
 
 def _arguments(arguments: str, where: str) -> Any:

@@ -176,7 +176,7 @@ class _Common(_Strict):
             raise bad("stop", "must be non-empty strings")
         return stops
 
-    def generation(self, default_max_tokens: int, max_tokens: int | None = None, **known) -> "Generation":
+    def generation(self, default_max_tokens: int, max_tokens: int | None = None, **known) -> Generation:
         """What this request asks of the engine, its settings checked (settings.check, via Options)."""
         self._no_ops()
         if self.stream_options is not None and not self.stream:
@@ -194,7 +194,7 @@ class _Common(_Strict):
 def make_generation(*, max_tokens: int, stop: tuple[str, ...] = (), temperature: float | None = None,
                     top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
                     seed: int | None = None, stream: bool = False, include_usage: bool = False,
-                    prediction: str | None = None, fields: dict[str, str] | None = None, **known) -> "Generation":
+                    prediction: str | None = None, fields: dict[str, str] | None = None, **known) -> Generation:
     """A request's settings as the engine takes them, checked (settings.check, via Options); unset
     ones are the server's defaults. A setting out of range is a 400 naming the request's field for
     it (`fields`: the request's names that differ from OpenAI's)."""

@@ -69,8 +69,8 @@ def generated(stats) -> int:
 class Turn:
     """One request's job on the worker, and the pieces of the message it generates."""
 
-    def __init__(self, engine: Engine, worker: Worker, ids: list[int], generation: Generation,
-                 splitter: Splitter | None, label: str):
+    def __init__(self, engine: Engine, ids: list[int], generation: Generation, splitter: Splitter | None,
+                 label: str):
         self.engine, self.splitter, self.label = engine, splitter, label
         self.stops = generation.options.stop
         loop = asyncio.get_running_loop()
@@ -82,7 +82,7 @@ class Turn:
     def submit(cls, engine: Engine, worker: Worker, ids: list[int], generation: Generation,
                splitter: Splitter | None, label: str) -> Turn:
         """Queue the generation (ApiError 429 / 503 when the worker cannot take it)."""
-        turn = cls(engine, worker, ids, generation, splitter, label)
+        turn = cls(engine, ids, generation, splitter, label)
         worker.submit(turn.job)
         return turn
 

@@ -2,8 +2,8 @@
 
 Speculation is per sequence, so requests run one at a time, each on this thread (the engine's
 decode loop and its cache rewind must run where they started). A job's responses go to its
-`send` callback as they come (after `Started`, with the prompt cache's hit), then `Finished` (or the exception that ended it). A job whose
-client went away is cancelled within one step, queued or running. One request's failure is
+`send` callback as they come (after `Started`, with the prompt cache's hit), then `Finished` (or
+the exception that ended it). A job whose client went away is cancelled within one step, queued or running. One request's failure is
 that request's alone; should the thread itself ever die, `dead` says why, waiting jobs fail at
 once and new ones are refused (the routes answer 503), never a healthy front over a dead worker.
 """
@@ -47,7 +47,7 @@ class Job:
     ids: list[int]
     options: Options
     prediction: str | None
-    send: Callable[[object], None]  # called on the worker thread: Started, each Response, then Finished or an error
+    send: Callable[[object], None]  # on the worker thread: Started, each Response, then Finished or an error
     stats: RunStats = field(default_factory=RunStats)  # replaced when the job starts running
     cancelled: threading.Event = field(default_factory=threading.Event)
 
