@@ -214,6 +214,12 @@ def test_errors_outside_the_routes_are_anthropics_shape_too(served):
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
 
 
+def test_models_as_anthropics_client_reads_them(served):
+    url, _ = served
+    (model,) = anthropic_client(url).models.list().data
+    assert (model.id, model.type, model.display_name) == ("demo", "model", "demo") and model.created_at.year >= 2025
+
+
 def test_the_key_is_taken_as_x_api_key_or_bearer(demo_engine):
     with running(demo_engine, api_key="sesame") as (url, _):
         ask = {"model": "claude", "max_tokens": 2, "messages": MSG}
