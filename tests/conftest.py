@@ -197,21 +197,26 @@ class Recited(nn.Module):
         return (mx.arange(self.vocab)[None, None, :] == mx.array(rows)[None, :, None]).astype(mx.float32)
 
 
-@pytest.fixture(scope="session")
-def tool_engine(tmp_path_factory):
-    """A model that answers QUESTION with TOOLS by reciting SAID (a text and a get_weather call in
-    the json_tools format), through TEMPLATE (SmolLM2's tokenizer)."""
+def reciting_engine(folder: Path, messages: list[dict], tools: list[dict], said: str):
+    """An engine whose model answers `messages` with `tools` (through TEMPLATE and SmolLM2's
+    tokenizer, saved in `folder`) by reciting `said`, then its end-of-turn token."""
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
     from specgen.engine import registry
     from specgen.engine.engine import Engine
 
-    folder = tmp_path_factory.mktemp("tools")
     shutil.copy(SHARED / "tokenizers" / "smollm2" / "tokenizer.json", folder)
     config = json.loads((SMOLLM2 / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     tokenizer = load_tokenizer(folder)
     assert tokenizer.has_tool_calling
-    prompt = tokenizer.apply_chat_template(QUESTION, tools=TOOLS, add_generation_prompt=True)
-    script = tokenizer.encode(SAID, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+    script = tokenizer.encode(said, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     return Engine(registry.wrap(Recited(script, len(prompt), len(tokenizer.get_vocab())), tokenizer))
+
+
+@pytest.fixture(scope="session")
+def tool_engine(tmp_path_factory):
+    """A model that answers QUESTION with TOOLS by reciting SAID (a text and a get_weather call in
+    the json_tools format)."""
+    return reciting_engine(tmp_path_factory.mktemp("tools"), QUESTION, TOOLS, SAID)

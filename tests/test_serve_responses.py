@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers
+from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers, reciting_engine
 from servers import client, running
 
 REQUESTS = Path(__file__).parent / "agents" / "requests"  # what Codex really sent
@@ -119,6 +119,39 @@ def test_a_function_call_round_trip(tool_engine):
         "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
     added = streamed[kinds.index("response.function_call_arguments.delta") - 1]["item"]
     assert (added["type"], added["arguments"], added["status"]) == ("function_call", "", "in_progress")
+    assert after.usage.input_tokens == expected.usage.prompt_tokens  # the call and its output reached the template
+
+
+PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+# what the chat template gets for it: a function of one string, its grammar in the description
+PATCH_AS_FUNCTION = {"type": "function", "function": {
+    "name": "apply_patch", "description": "Edit files\n\nThe input follows this grammar:\nstart: /.+/",
+    "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}}}
+PATCHED = "*** Begin Patch\n*** End Patch"
+
+
+@needs_tokenizers
+def test_a_custom_tool_call_round_trip(tmp_path):
+    said = f'<tool_call>\n{{"name": "apply_patch", "arguments": {json.dumps({"input": PATCHED})}}}\n</tool_call>'
+    engine = reciting_engine(tmp_path, QUESTION, [PATCH_AS_FUNCTION], said)
+    with running(engine, model_name="tools", draft=0) as (url, _):
+        c = client(url)
+        whole = c.responses.create(model="codex", input=QUESTION, tools=[PATCH])
+        streamed = events(url, {"model": "codex", "input": QUESTION, "tools": [PATCH]})
+        call = whole.output[0]
+        follow = [*QUESTION, call.model_dump(exclude_none=True),
+                  {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done."}]
+        after = c.responses.create(model="codex", input=follow, tools=[PATCH], max_output_tokens=2)
+        as_chat = [*QUESTION, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": "apply_patch", "arguments": json.dumps({"input": PATCHED})}}]},
+            {"role": "tool", "tool_call_id": call.call_id, "content": "Done."}]
+        expected = c.chat.completions.create(model="tools", messages=as_chat, tools=[PATCH_AS_FUNCTION], max_tokens=2)
+    assert [o.type for o in whole.output] == ["custom_tool_call"] and (call.name, call.input) == ("apply_patch", PATCHED)
+    kinds = [e["type"] for e in streamed]
+    assert kinds[2:] == ["response.output_item.added", "response.custom_tool_call_input.delta",
+                         "response.custom_tool_call_input.done", "response.output_item.done", "response.completed"]
+    assert streamed[-2]["item"]["input"] == PATCHED == streamed[3]["delta"]
     assert after.usage.input_tokens == expected.usage.prompt_tokens  # the call and its output reached the template
 
 
