@@ -173,6 +173,8 @@ def serve(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECGEN_API_KEY", show_default=False,
                                           help="Require 'Authorization: Bearer KEY' on /v1/ requests."),
     max_queue: int = typer.Option(serve_config.MAX_QUEUE, "--max-queue", help="Requests that may wait behind the running one; more get 429."),
+    max_batch: int = typer.Option(serve_config.MAX_BATCH, "--max-batch",
+                                  help="Requests decoded together, each speculating (1 = one at a time)."),
     allowed_origins: Optional[list[str]] = typer.Option(None, "--allowed-origins", show_default=False,
                                                         help="Origins browsers may call from (CORS); repeat for several, '*' for any."),
     prompt_cache_bytes: int = typer.Option(serve_config.PROMPT_CACHE_BYTES, "--prompt-cache-bytes",
@@ -190,7 +192,7 @@ def serve(
     from specgen.serve import ServeConfig, make_server, require_extra
 
     require_extra()
-    check(max_tokens=max_tokens, draft=draft, dtype=dtype)
+    check(max_tokens=max_tokens, draft=draft, dtype=dtype, batch=max_batch)
     if not 0 <= port <= 65535:
         fail(f"--port must be between 0 and 65535 (got {port})")
     for flag, value in (("--max-queue", max_queue), ("--prompt-cache-bytes", prompt_cache_bytes)):
@@ -206,7 +208,7 @@ def serve(
     if draft is None:
         engine.costs(recalibrate)  # once, before the first request
     config = ServeConfig(model_name=model, max_tokens=max_tokens, draft=draft, memory=memory, api_key=api_key,
-                         max_queue=max_queue, prompt_cache_bytes=prompt_cache_bytes,
+                         max_queue=max_queue, max_batch=max_batch, prompt_cache_bytes=prompt_cache_bytes,
                          allowed_origins=tuple(allowed_origins or ()))
     say(f"serving {engine.name} on http://{host}:{port}/v1 (OPENAI_BASE_URL=http://{host}:{port}/v1)")
     make_server(engine, config, host, port, log_level="warning" if quiet else "info").run()

@@ -83,7 +83,7 @@ class Batch:
         if isinstance(selector, MlxLmSampling):
             off = off or CUSTOM_OFF
         on = not off and draft > 0
-        speculation = Speculation(True, rollback="per-row ends") if on else Speculation(
+        speculation = Speculation(True, rollback="trim") if on else Speculation(
             False, off or "draft length is 0")
         row = Row(key, list(prompt), drafter if drafter is not None else NGramPredictor(), selector,
                   draft if on else 0, max_tokens, frozenset(stop_tokens), context_length, speculation,
@@ -170,23 +170,24 @@ class Batch:
         return events
 
     def _drafts(self) -> list[list[int]]:
-        """Each row's draft for this step. Adaptive drafters weigh drafts by what a step costs at
-        this many rows, and stay silent where no draft pays at this size (fixed-length drafters
-        draft as told). Every row pays for the widest draft, so the step's width is then the one
-        that yields the most tokens for its cost over all rows, and longer drafts are drafted
-        again to fit it."""
-        if self.pricing is None:
-            return [r.draft(on=True) for r in self.rows]
+        """Each row's draft for this step. A row alone drafts by its drafter's own cost (the
+        single-sequence curve); with more rows, adaptive drafters weigh drafts by what a step
+        costs at this many rows, and stay silent where no draft pays at this size (fixed-length
+        drafters draft as told). Every row pays for the widest draft, so the step's width is then
+        the one that yields the most tokens for its cost over all rows, and longer drafts are
+        drafted again to fit it."""
         rows = len(self.rows)
+        if self.pricing is None or rows == 1:
+            for r in self.rows:
+                _price(r.drafter, r.own_cost)
+            return [r.draft(on=True) for r in self.rows]
         cost = self.pricing.drafting(rows)
         drafts = []
         for r in self.rows:
-            priced = hasattr(r.drafter, "cost")
+            priced = r.own_cost is not None
             if priced and cost is not None:
                 _price(r.drafter, cost)
             drafts.append(r.draft(on=not priced or cost is not None))
-        if rows == 1:
-            return drafts
         k = _best_width([r.acceptance for r in self.rows], [len(d) for d in drafts], self.pricing.step(rows))
         return [d if len(d) <= k else r.draft(on=True, most=k) for r, d in zip(self.rows, drafts)]
 
@@ -204,10 +205,10 @@ class Batch:
         self.rows = [self.rows[i] for i in kept]
 
 
-def _price(drafter, cost: CostFn) -> None:
+def _price(drafter, cost: CostFn | None) -> None:
     """Make an adaptive drafter weigh its drafts by `cost`: what a step costs depends on how many
     rows share it. (Its cost table is rebuilt from the new function at its next draft.)"""
-    if getattr(drafter, "cost", cost) is not cost:
+    if cost is not None and drafter.cost is not cost:
         drafter.cost, drafter._table = cost, None
 
 

@@ -37,6 +37,7 @@ class Row:
 
     def __post_init__(self):
         self.history = list(self.prompt)
+        self.own_cost = getattr(self.drafter, "cost", None)  # an adaptive drafter's own, alone
 
     @property
     def pos(self) -> int:

@@ -28,10 +28,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from specgen.engine.batch_streams import batch_unsupported
 from specgen.engine.engine import Engine
 from specgen.serve import anthropic
 from specgen.serve.anthropic import CountRequest, MessagesRequest
 from specgen.serve.anthropic_stream import MessageBuilder
+from specgen.serve.batch_worker import BatchWorker
 from specgen.serve.chat_stream import ChatBuilder
 from specgen.serve.config import ServeConfig
 from specgen.serve.limits import BodyLimit
@@ -51,9 +53,21 @@ def error_body(path: str, e: ApiError) -> dict:
     return anthropic.error_body(e) if path.startswith("/v1/messages") else e.body()
 
 
+def _worker(engine: Engine, config: ServeConfig) -> Worker:
+    """The generation thread: requests decoded together up to --max-batch, where the model's
+    caches batch (else one at a time, said once)."""
+    why = batch_unsupported(engine) if config.max_batch > 1 else None
+    if why:
+        _log.warning("requests run one at a time: %s", why)
+    if config.max_batch > 1 and not why:
+        return BatchWorker(engine, max_queue=config.max_queue, prompt_cache_bytes=config.prompt_cache_bytes,
+                           max_batch=config.max_batch)
+    return Worker(engine, max_queue=config.max_queue, prompt_cache_bytes=config.prompt_cache_bytes)
+
+
 def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     """The server's ASGI app around one loaded engine (its worker starts with the app)."""
-    worker = Worker(engine, max_queue=config.max_queue, prompt_cache_bytes=config.prompt_cache_bytes)
+    worker = _worker(engine, config)
     names = {config.model_name, engine.name, engine.loaded.spec.source, "default_model"}
     known = {"draft": config.draft, "memory": config.memory}  # the server's settings every request gets
     context = engine.loaded.context_length

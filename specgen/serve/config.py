@@ -9,6 +9,7 @@ from specgen import defaults
 HOST = "127.0.0.1"  # loopback unless told otherwise
 PORT = 8080
 MAX_QUEUE = 16  # requests waiting behind the running one; more get 429
+MAX_BATCH = 1  # requests decoded together (the batch engine above 1)
 PROMPT_CACHE_BYTES = 4 << 30  # model caches kept for later turns (mlx-lm's LRUPromptCache)
 MAX_BODY_BYTES = 32 << 20  # a request body over this is a 413 (a 70K-token conversation is ~0.3 MB)
 
@@ -23,6 +24,7 @@ class ServeConfig:
     memory: bool = False  # learn every response into the model's memory, and draft from it
     api_key: str | None = None
     max_queue: int = MAX_QUEUE
+    max_batch: int = MAX_BATCH
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES
     max_body_bytes: int = MAX_BODY_BYTES
     allowed_origins: tuple[str, ...] = ()

@@ -1,0 +1,132 @@
+"""The generation thread when requests are decoded together: worker.py's queue and job protocol,
+with up to `max_batch` jobs running at once on the batch engine (engine/batch_streams.py), each
+speculating on its own and each answered exactly as it would be alone.
+
+Between steps the thread admits queued jobs while rows are free (one more waits to prefill, in
+bounded chunks between decode steps, so a long prompt does not freeze the running streams),
+drops jobs whose client went away (their row only), and hands each response to its job. A
+finished job leaves its cache in the prompt cache and its drafter in the drafter cache, as
+worker.py does. A failure inside a step fails the jobs running then (each told), not the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from specgen.draft.stats import RunStats
+from specgen.engine.batch_streams import Streams
+from specgen.engine.engine import Engine, Request
+from specgen.errors import SpecgenError
+from specgen.serve.schema import ApiError
+from specgen.serve.worker import Finished, Job, Started, Worker, dead_error, stopping_error
+
+_log = logging.getLogger("specgen.serve")
+
+
+class BatchWorker(Worker):
+    """A Worker that runs up to `max_batch` jobs at once (`running` is one of them, if any)."""
+
+    def __init__(self, engine: Engine, *, max_queue: int, prompt_cache_bytes: int, max_batch: int,
+                 prefill_chunk: int | None = None):
+        super().__init__(engine, max_queue=max_queue, prompt_cache_bytes=prompt_cache_bytes)
+        self.max_batch = max_batch
+        self._chunk = {"prefill_chunk": prefill_chunk} if prefill_chunk else {}
+        self.streams = Streams(engine, max_rows=max_batch, **self._chunk)
+        self.active: dict[int, tuple[Job, tuple | None, object]] = {}  # id(job) -> (job, settings, drafter)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._jobs and not self.active and not self._stopping:
+                        self._cond.wait()
+                    if self._stopping and not self.active and not self._jobs:
+                        return
+                    admitted = []
+                    while self._jobs and len(self.streams) <= self.max_batch:
+                        admitted.append(self._jobs.popleft())
+                for job in admitted:
+                    self._admit(job)
+                self._drop_cancelled()
+                if self.streams.busy:
+                    self._step()
+                self.running = next(iter(self.active.values()))[0] if self.active else None
+        except BaseException as e:
+            self.dead = f"{type(e).__name__}: {e}"
+            _log.critical("the generation worker died: %s", self.dead)
+            for job, _, _ in self.active.values():
+                job.deliver(dead_error(self.dead))
+            raise
+        finally:
+            with self._cond:
+                left, self._jobs = list(self._jobs), type(self._jobs)()
+            for job in left:
+                job.deliver(dead_error(self.dead) if self.dead else stopping_error())
+
+    def stop_soon(self) -> None:
+        """Refuse new jobs and cancel the running ones and every waiting one (returns at once)."""
+        super().stop_soon()
+        for job, _, _ in list(self.active.values()):
+            job.cancel()
+
+    def _admit(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            self.cancelled += 1
+            job.deliver(Finished(job.stats, cancelled=True))
+            return
+        opts = job.options
+        job.stats = RunStats()  # its clock starts now: waiting in the queue is not prefill
+        try:
+            cache, cached = self.prompts.fetch(job.ids)
+            settings = (opts.ngram_order, opts.window, opts.memory)
+            drafter, fed = self.drafters.take(job.ids, settings) if opts.draft is None else (None, 0)
+            if drafter is None and opts.draft is None:
+                drafter = self.engine.new_drafter(opts)
+            self.streams.add(id(job), Request(job.ids, opts, prompt_cache=cache, cached=cached,
+                                              prediction=job.prediction, drafter=drafter, drafter_fed=fed),
+                             job.stats, keep_cache=True)
+        except Exception as e:  # this request's failure, reported to it alone
+            self._failed(job, e)
+            return
+        job.deliver(Started(len(job.ids), cached))
+        self.active[id(job)] = (job, settings if opts.draft is None else None, drafter)
+
+    def _drop_cancelled(self) -> None:
+        for key, (job, _, _) in list(self.active.items()):
+            if job.cancelled.is_set():
+                self.streams.cancel(key)
+                del self.active[key]
+                self.cancelled += 1
+                job.deliver(Finished(job.stats, cancelled=True))
+
+    def _step(self) -> None:
+        try:
+            responses = self.streams.step()
+        except Exception as e:  # the running jobs' failure: they are told, the next ones start afresh
+            for job, _, _ in self.active.values():
+                self._failed(job, e)
+            self.active.clear()
+            self.streams = Streams(self.engine, max_rows=self.max_batch, **self._chunk)
+            return
+        for key, response in responses:
+            job, settings, drafter = self.active[key]
+            job.deliver(response)
+            if response.finish_reason is not None:
+                self._finish(key, job, settings, drafter)
+
+    def _finish(self, key: int, job: Job, settings, drafter) -> None:
+        del self.active[key]
+        stats = job.stats
+        kept = self.streams.kept(key)  # prompt and output but the last token
+        if kept is not None:
+            self.prompts.store((job.ids + stats.output_ids)[:-1], kept)
+        if settings is not None and drafter is not None:
+            self.drafters.put(drafter, settings)
+        self.served += 1
+        job.deliver(Finished(stats, False))
+
+    def _failed(self, job: Job, e: Exception) -> None:
+        self.failed += 1
+        if not isinstance(e, (ApiError, SpecgenError)):
+            _log.error("a request failed", exc_info=e)
+        job.deliver(e)

@@ -1,0 +1,96 @@
+"""`specgen serve --max-batch N`: concurrent requests decoded together, each speculating, through
+the official openai client on a real server. Sixteen clients at once each get the text the same
+request gets from a server that runs one request at a time (streamed or not, greedy or seeded);
+a client that leaves mid-stream cancels its own row only; the next turn of a conversation comes
+from the cache a batched row left."""
+
+import threading
+
+import httpx
+import pytest
+from servers import client, running
+
+PROMPTS = ["Once upon a time", "Lily and Ben went to the park", "The little dog was sad", "Tom had a red ball",
+           "One day, a bird", "Sue liked to bake", "The sun was hot", "Max saw a big tree"]
+
+
+def requests():
+    """Sixteen requests unlike each other: lengths, seeds, streaming."""
+    out = []
+    for i in range(16):
+        kw = {"max_tokens": 24 + 5 * i}
+        if i % 3 == 1:
+            kw.update(temperature=0.8, seed=i)
+        out.append((PROMPTS[i % len(PROMPTS)] + (" and" if i >= 8 else ""), kw, i % 2 == 0))
+    return out
+
+
+def answer(c, prompt, kw, stream):
+    messages = [{"role": "user", "content": prompt}]
+    if not stream:
+        return c.chat.completions.create(model="demo", messages=messages, **kw).choices[0].message.content
+    chunks = c.chat.completions.create(model="demo", messages=messages, stream=True, **kw)
+    return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+
+
+def all_at_once(url, todo):
+    results = [None] * len(todo)
+
+    def one(i):
+        results[i] = answer(client(url, timeout=60), *todo[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(todo))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def test_sixteen_clients_at_once_each_get_the_text_they_get_alone(demo_engine):
+    todo = requests()
+    with running(demo_engine, max_batch=1) as (url, _):
+        alone = [answer(client(url), *r) for r in todo]
+    with running(demo_engine, max_batch=4, max_queue=16) as (url, worker):
+        together = all_at_once(url, todo)
+        assert worker.served == 16 and worker.failed == 0 and worker.running is None
+    assert together == alone and len(set(alone)) > 8
+
+
+def test_a_client_that_leaves_cancels_its_row_only(demo_engine):
+    todo = requests()[:3]
+    with running(demo_engine, max_batch=1) as (url, _):
+        alone = [answer(client(url), *r) for r in todo]
+    with running(demo_engine, max_batch=4) as (url, worker):
+        results = [None] * 3
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, answer(client(url), *todo[i])))
+                   for i in range(3)]
+        body = {"model": "demo", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 400,
+                "stream": True}
+        with httpx.Client(timeout=30) as h, h.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(lines)
+            for t in threads:
+                t.start()
+            for _ in range(4):
+                next(lines)
+        for t in threads:
+            t.join(60)
+        assert results == alone
+        assert worker.cancelled == 1 and worker.served == 3
+
+
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_the_next_turn_from_a_batched_rows_cache_is_the_turn_from_nothing(demo_engine, max_batch):
+    first = [{"role": "user", "content": PROMPTS[1]}]
+    with running(demo_engine, max_batch=max_batch, prompt_cache_bytes=0) as (url, _):
+        reply = client(url).chat.completions.create(model="demo", messages=first, max_tokens=20)
+        turn = first + [{"role": "assistant", "content": reply.choices[0].message.content},
+                        {"role": "user", "content": "And then?"}]
+        fresh = client(url).chat.completions.create(model="demo", messages=turn, max_tokens=20)
+    with running(demo_engine, max_batch=max_batch) as (url, _):
+        again = client(url).chat.completions.create(model="demo", messages=first, max_tokens=20)
+        cached = client(url).chat.completions.create(model="demo", messages=turn, max_tokens=20)
+    assert again.choices[0].message.content == reply.choices[0].message.content
+    assert cached.choices[0].message.content == fresh.choices[0].message.content
+    assert cached.usage.prompt_tokens_details.cached_tokens > 0
