@@ -113,6 +113,20 @@ def test_a_short_prompt_is_not_stuck_behind_a_long_prefill(stories):
     assert first == ["short"]  # its first token, one chunk after it came, while "long" still prefills
 
 
+def test_a_long_prompt_is_not_starved_by_a_stream_of_short_ones(stories):
+    batch = Batch(stories.model, max_rows=8, prefill_chunk=8)
+    long = stories.tokenizer.encode(" ".join([STORY] * 6))
+    batch.add("long", long, max_tokens=1)
+    joined = None
+    for step in range(100):
+        batch.add(step, stories.tokenizer.encode("Bob"), max_tokens=1)
+        if any(k == "long" and isinstance(e, Prefilled) for k, e in batch.step()):
+            joined = step
+            break
+    # It waits about as many steps as it has chunks, then takes a chunk every step.
+    assert joined is not None and joined < 3 * len(long) // 8
+
+
 def test_holes_are_compacted_and_rows_stay_exact(stories, monkeypatch):
     monkeypatch.setattr(batch_cache, "GROW", 8)  # compact soon; fixed 8-token drafts leave holes
     rows = rows_of(stories.tokenizer, stories.stop_ids)

@@ -117,9 +117,12 @@ class Batch:
         return events
 
     def _prefill(self) -> list[Event]:
-        # The waiting prompt with the least left goes first: a short request is not stuck
-        # behind a long one (it gets its first token within a chunk or two of arriving).
-        row = min(self.waiting, key=lambda r: len(r.prompt) - r.prefilled)
+        # The waiting prompt with the least left goes first, so a short request is not stuck
+        # behind a long one (its first token comes within a chunk or two), each step waited
+        # counting as a chunk done, so a long one is not starved by a stream of short ones.
+        for r in self.waiting:
+            r.waited += 1
+        row = min(self.waiting, key=lambda r: len(r.prompt) - r.prefilled - r.waited * self.prefill_chunk)
         stop = min(row.prefilled + self.prefill_chunk, len(row.prompt) - 1)
         if stop > row.prefilled:
             start = time.perf_counter()

@@ -31,6 +31,7 @@ class Row:
     prefilled: int = 0  # prompt tokens in `cache`
     fed: int = 0  # prompt tokens the drafter was given before it came here
     keep_cache: bool = False  # extract its cache when it finishes (Batch.kept)
+    waited: int = 0  # steps it has waited to be prefilled
     history: list[int] = field(default_factory=list)  # prompt + emitted; the last is not cached
     drafted: int = 0  # drafted tokens verified so far, and how many were accepted
     accepted: int = 0
