@@ -60,6 +60,8 @@ def test_what_it_does_not_offer_is_an_error_naming_it(demo):
         batch_generate(model, tokenizer, PROMPTS, return_logprobs=True)
     with pytest.raises(SettingError, match="speed"):
         batch_generate(model, tokenizer, PROMPTS, speed=2)
+    with pytest.raises(SettingError, match="completion_batch_size must be at least 1"):
+        batch_generate(model, tokenizer, PROMPTS, completion_batch_size=0)
     with pytest.raises(SettingError, match="seed"):
         batch_generate(model, tokenizer, PROMPTS, temp=0.5, seed=[1, 2])
 

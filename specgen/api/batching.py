@@ -22,6 +22,7 @@ from specgen.engine.engine import Request
 from specgen.engine.options import Options
 from specgen.engine.sampling import CUSTOM_OFF, MlxLmSampling
 from specgen.errors import SettingError
+from specgen.settings import check
 
 _log = logging.getLogger("specgen")
 # mlx_lm.batch_generate's arguments that specgen does not offer (it would ignore them).
@@ -46,6 +47,12 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     unknown = set(options) - set(Options.__dataclass_fields__)
     if unknown:
         raise SettingError(min(unknown), "is not a parameter of specgen.batch_generate")
+    for name, setting, value in (("completion_batch_size", "batch", completion_batch_size),
+                                 ("prefill_step_size", "prefill_chunk", prefill_step_size)):
+        try:
+            check(**{setting: value})
+        except SettingError as e:  # named as the caller named it
+            raise SettingError(name, e.requirement, value) from None
     n = len(prompts)
     limits = _per_prompt("max_tokens", max_tokens, n)
     seeds = _per_prompt("seed", seed, n)
