@@ -79,6 +79,28 @@ def test_a_model_that_cannot_batch_runs_one_prompt_at_a_time(demo):
     assert ours.stats.generation_tokens == 24
 
 
+class OnePosition:
+    """A real model behind code that reads the cache's offset as one number (as some model code
+    does): it cannot take a batch's per-row positions."""
+
+    def __init__(self, model):
+        self.model, self.layers = model, model.layers
+
+    def __call__(self, x, cache):
+        int(cache[0].offset)
+        return self.model(x, cache=cache)
+
+    def parameters(self):
+        return self.model.parameters()
+
+
+def test_a_model_that_reads_one_position_runs_one_prompt_at_a_time(demo):
+    model, tokenizer = OnePosition(demo[0]), demo[1]
+    with pytest.warns(SpecgenWarning, match="one at a time: its forward pass does not take per-row positions"):
+        ours = batch_generate(model, tokenizer, PROMPTS[:2], max_tokens=10, draft=2)
+    assert ours.texts == [specgen.generate(model, tokenizer, p, max_tokens=10, draft=2) for p in PROMPTS[:2]]
+
+
 @pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")
 def test_the_shared_chat_model_batched_equals_it_alone():
     # Its 4-bit passes cost ~k times one position on this CPU: short raw prompts, short answers.

@@ -12,21 +12,46 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable
 
+import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
 from specgen.draft.stats import RunStats
 from specgen.engine import batch_cost
 from specgen.engine.batch import Batch
-from specgen.engine.batch_cache import unbatchable
+from specgen.engine.batch_cache import RaggedBatch, unbatchable
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Engine, Request
 from specgen.engine.responses import Responder, Response
 
 
+PROBE = ([3, 4, 5, 6, 7], [8, 9])  # two rows of different lengths (token ids any vocabulary has)
+
+
 def batch_unsupported(engine: Engine) -> str | None:
-    """Why this engine's model cannot decode in a batch (then requests run one at a time)."""
-    return unbatchable(make_prompt_cache(engine.loaded.model))
+    """Why this engine's model cannot decode in a batch (then requests run one at a time): its
+    cache layers, or its forward pass failing on per-row positions (a model that reads the cache
+    offset as one number) or choosing otherwise than alone, on a probe of a few tokens."""
+    model = engine.loaded.model
+    why = unbatchable(make_prompt_cache(model))
+    if why:
+        return why
+    try:
+        alone = [mx.argmax(model(mx.array([p], mx.uint32), cache=make_prompt_cache(model))[0, -1]).item()
+                 for p in PROBE]
+        batch = RaggedBatch(len(make_prompt_cache(model)))
+        for p in PROBE:
+            cache = make_prompt_cache(model)
+            model(mx.array([p[:-1]], mx.uint32), cache=cache)
+            batch.add(cache)
+        batch.slots.begin([1] * len(PROBE))
+        together = mx.argmax(model(mx.array([[p[-1]] for p in PROBE], mx.uint32), cache=batch.layers)[:, -1],
+                             axis=-1).tolist()
+    except Exception as e:  # noqa: BLE001 - any failure means: not this way
+        return f"its forward pass does not take per-row positions ({type(e).__name__}: {e})"
+    if together != alone:
+        return "its batched forward pass chooses otherwise than a single-sequence one"
+    return None
 
 
 @dataclass
