@@ -24,7 +24,6 @@ from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Engine, Request
 from specgen.engine.responses import Responder, Response
 
-
 PROBE = ([3, 4, 5, 6, 7], [8, 9])  # two rows of different lengths (token ids any vocabulary has)
 
 
