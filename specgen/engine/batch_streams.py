@@ -24,6 +24,7 @@ from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Engine, Request
 from specgen.engine.responses import Responder, Response
 
+_PRICED: dict[tuple, batch_cost.Pricing] = {}  # (model's calibration key, rows) -> its pricing
 PROBE = ([3, 4, 5, 6, 7], [8, 9])  # two rows of different lengths (token ids any vocabulary has)
 
 
@@ -121,12 +122,18 @@ class Streams:
         return out
 
     def _pricing(self) -> batch_cost.Pricing:
+        """The model's batched step costs: read or measured once a process (measured again where
+        its single-sequence curve was just measured again: --recalibrate, a new machine)."""
         loaded = self.engine.loaded
-        grid, warning = batch_cost.load_or_measure(
-            loaded.model, loaded.calibration_key, loaded.tokenizer, self.batch.max_rows,
-            before_measuring=lambda: self.engine.progress(
-                f"measuring how fast {self.engine.name} runs batched steps on this machine (once per "
-                "model; a few seconds) ..."))
-        if warning:
-            self.engine.notice(warning)
-        return batch_cost.Pricing(grid)
+        key = (loaded.calibration_key, self.batch.max_rows)
+        if key not in _PRICED:
+            grid, warning = batch_cost.load_or_measure(
+                loaded.model, loaded.calibration_key, loaded.tokenizer, self.batch.max_rows,
+                recalibrate=self.engine.costs().fresh,
+                before_measuring=lambda: self.engine.progress(
+                    f"measuring how fast {self.engine.name} runs batched steps on this machine (once "
+                    "per model; a few seconds) ..."))
+            if warning:
+                self.engine.notice(warning)
+            _PRICED[key] = batch_cost.Pricing(grid)
+        return _PRICED[key]
