@@ -113,6 +113,15 @@ def test_a_short_prompt_is_not_stuck_behind_a_long_prefill(stories):
     assert first == ["short"]  # its first token, one chunk after it came, while "long" still prefills
 
 
+def test_short_prompts_join_together_within_one_chunk(stories):
+    batch = Batch(stories.model, max_rows=3, prefill_chunk=16)
+    for i, p in enumerate(["Tim and Sam", "Bob", "Lily had a red ball", "The sun"]):
+        batch.add(i, stories.tokenizer.encode(p), max_tokens=3)
+    first = batch.step()
+    joined = [k for k, e in first if isinstance(e, Prefilled)]
+    assert len(joined) == 3 and sorted(k for k, e in first if isinstance(e, Step)) == sorted(joined)
+
+
 def test_a_long_prompt_is_not_starved_by_a_stream_of_short_ones(stories):
     batch = Batch(stories.model, max_rows=8, prefill_chunk=8)
     long = stories.tokenizer.encode(" ".join([STORY] * 6))

@@ -107,7 +107,7 @@ class Batch:
             yield self.step()
 
     def step(self) -> list[Event]:
-        """Prefill one chunk of a waiting prompt (if a row is free), then one decode pass."""
+        """Prefill up to a chunk of waiting prompts (while rows are free), then one decode pass."""
         events: list[Event] = []
         with mx.stream(generation_stream):
             if self.waiting and len(self.rows) < self.max_rows:
@@ -117,29 +117,39 @@ class Batch:
         return events
 
     def _prefill(self) -> list[Event]:
-        # The waiting prompt with the least left goes first, so a short request is not stuck
-        # behind a long one (its first token comes within a chunk or two), each step waited
-        # counting as a chunk done, so a long one is not starved by a stream of short ones.
+        """Prefill up to one chunk's worth of tokens: a chunk of the first waiting prompt, then
+        whole prompts that fit in what is left (many short requests join in one step; a long one
+        is cut where it would be alone, so its cache holds what a single run's would)."""
         for r in self.waiting:
             r.waited += 1
-        row = min(self.waiting, key=lambda r: len(r.prompt) - r.prefilled - r.waited * self.prefill_chunk)
-        stop = min(row.prefilled + self.prefill_chunk, len(row.prompt) - 1)
-        if stop > row.prefilled:
-            start = time.perf_counter()
-            self.model(mx.array([row.prompt[row.prefilled : stop]], mx.uint32), cache=row.cache)
-            mx.eval([c.state for c in row.cache])
-            self.counters.prompt_time += time.perf_counter() - start
-            self.counters.prompt_tokens += stop - row.prefilled
-            row.prefilled = stop
-        if row.prefilled < len(row.prompt) - 1:
-            return []
-        self.waiting.remove(row)
-        self.cache.add(row.cache)
-        row.cache = None
-        self.rows.append(row)
-        if row.speculation.on:
-            row.drafter.feed(row.prompt[row.fed:])
-        return [(row.key, Prefilled(len(row.prompt), row.speculation))]
+        events, budget = [], self.prefill_chunk
+        while self.waiting and len(self.rows) < self.max_rows:
+            # The prompt with the least left goes first, so a short request is not stuck behind
+            # a long one, each step waited counting as a chunk done, so a long one is not
+            # starved by a stream of short ones.
+            row = min(self.waiting, key=lambda r: len(r.prompt) - r.prefilled - r.waited * self.prefill_chunk)
+            left = len(row.prompt) - 1 - row.prefilled
+            if budget < self.prefill_chunk and left > budget:
+                break
+            if left:
+                n = min(left, budget)
+                start = time.perf_counter()
+                self.model(mx.array([row.prompt[row.prefilled : row.prefilled + n]], mx.uint32), cache=row.cache)
+                mx.eval([c.state for c in row.cache])
+                self.counters.prompt_time += time.perf_counter() - start
+                self.counters.prompt_tokens += n
+                row.prefilled += n
+                budget -= n
+            if row.prefilled < len(row.prompt) - 1:
+                break
+            self.waiting.remove(row)
+            self.cache.add(row.cache)
+            row.cache = None
+            self.rows.append(row)
+            if row.speculation.on:
+                row.drafter.feed(row.prompt[row.fed:])
+            events.append((row.key, Prefilled(len(row.prompt), row.speculation)))
+        return events
 
     def _decode(self) -> list[Event]:
         start = time.perf_counter()
