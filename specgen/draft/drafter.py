@@ -49,7 +49,7 @@ class AdaptiveDrafter:
         self.params = params
         self.max_order = max_order
         self.window = window
-        self.cost = cost
+        self._cost = cost
         self.memory = memory
         self.tokens: list[int] = []  # every token fed: the source of copies (not windowed)
         self.ngrams = NGramTables(max_order, min_order)
@@ -66,6 +66,16 @@ class AdaptiveDrafter:
         self.respell: dict[int, int] = {}  # the prompt's spelling of an output's first token -> the output's
         predicted = checked(prediction)
         self.prediction = Prediction(predicted, params) if predicted else None
+
+    @property
+    def cost(self) -> CostFn:
+        """What a draft of k tokens costs, relative to a plain step; settable (a batch's step cost
+        changes with its rows), and the cost table is rebuilt from it at the next draft."""
+        return self._cost
+
+    @cost.setter
+    def cost(self, cost: CostFn) -> None:
+        self._cost, self._table = cost, None
 
     @property
     def prediction_counts(self) -> PredictionCounts:

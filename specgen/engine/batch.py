@@ -222,7 +222,7 @@ def _price(drafter, cost: CostFn | None) -> None:
     """Make an adaptive drafter weigh its drafts by `cost`: what a step costs depends on how many
     rows share it. (Its cost table is rebuilt from the new function at its next draft.)"""
     if cost is not None and drafter.cost is not cost:
-        drafter.cost, drafter._table = cost, None
+        drafter.cost = cost
 
 
 def _best_width(rates: list[float], lengths: list[int], step: CostFn) -> int:
