@@ -195,3 +195,12 @@ def test_a_model_converted_to_another_dtype_is_calibrated_apart(tmp_path):
     assert len(keys) == 2 and sum("|float16|" in k for k in keys) == 1
     assert invoke(["cache", "clear", "-m", "demo"], tmp_path).exit_code == 0
     assert json.loads((tmp_path / "calibration.json").read_text()) == {}
+
+
+def test_cache_clear_forgets_batched_step_costs_too(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Once upon a time\nThe little dog\n")
+    assert invoke(["run", "-n", "4", "--prompts", str(prompts)], tmp_path).exit_code == 0
+    assert json.loads((tmp_path / "batch_calibration.json").read_text())
+    assert invoke(["cache", "clear", "-m", "demo"], tmp_path).exit_code == 0
+    assert json.loads((tmp_path / "batch_calibration.json").read_text()) == {}

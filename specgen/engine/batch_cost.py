@@ -9,21 +9,19 @@ rules), and whether any draft can pay at that size (if not, the step is plain ba
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from bisect import bisect_left
-from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from specgen.draft.length import CostFn
-from specgen.draft.store import cache_dir, locked, write_atomic
 from specgen.engine.batch_cache import RaggedBatch
 from specgen.engine.calibrate import CANNOT_PAY, CONTEXT, SAMPLE, machine_id
 from specgen.engine.cost import Curve, cost_function, relative, unprofitable
+from specgen.engine.curve_store import batch_calibration_file, read_store, save_entry
 
 ROWS = (1, 2, 4, 8, 16)  # row counts that may be timed (up to the batch's largest)
 WIDTHS = (1, 2, 4, 8)  # positions per row that may be timed (cost.py extrapolates past them)
@@ -105,18 +103,6 @@ class Pricing:
         return self._drafting[self._size(rows)]
 
 
-def batch_calibration_file() -> Path:
-    return cache_dir() / "batch_calibration.json"
-
-
-def _read(path: Path) -> dict:
-    try:
-        found = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def _valid(entry) -> Grid | None:
     try:
         grid = {int(b): {int(t): float(s) for t, s in row.items()} for b, row in entry.items()}
@@ -133,18 +119,15 @@ def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibr
     path = batch_calibration_file()
     key = f"{model_key}|{machine_id()}"
     try:
-        cached = None if recalibrate else _valid(_read(path).get(key))
-    except OSError:
+        cached = None if recalibrate else _valid(read_store(path).get(key))
+    except (OSError, ValueError):
         cached = None
     if cached is not None and (max(cached) >= max_rows or max(cached) >= max(ROWS)):
         return cached, None
     before_measuring()
     grid = measure(model, list(tokenizer.encode(SAMPLE)) or [0], max_rows)
     try:
-        with locked(path):
-            store = _read(path)
-            store[key] = {str(b): {str(t): s for t, s in row.items()} for b, row in grid.items()}
-            write_atomic(path, lambda f: f.write(json.dumps(store, indent=1).encode()))
+        save_entry(path, key, {str(b): {str(t): s for t, s in row.items()} for b, row in grid.items()})
     except OSError as e:
         return grid, f"cannot save the batch calibration to {path} ({e.strerror or e})"
     return grid, None

@@ -10,7 +10,6 @@ pay); the rounds are as many as fit in what is left.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -21,7 +20,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from specgen.draft.length import CostFn
-from specgen.draft.store import CACHE_ENV, locked, write_atomic
+from specgen.draft.store import CACHE_ENV
 from specgen.engine.cost import (
     Curve,
     cost_function,
@@ -34,6 +33,7 @@ from specgen.engine.curve_store import (
     calibration_file,
     flat,
     read_store,
+    save_entry,
     unflat,
     valid_curve,
 )
@@ -214,13 +214,7 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     entry = {"relative": {str(k): v for k, v in curve.relative.items()}, "overlap": curve.overlap,
              "seconds": {str(k): v for k, v in seconds.items()}, "measured": time.time()}
     try:
-        with locked(path):  # another process may be saving its own model's curve
-            try:
-                store = read_store(path)
-            except ValueError:
-                store = {}  # damaged: replaced by what is measured now
-            store[key] = entry
-            write_atomic(path, lambda f: f.write(json.dumps(store, indent=1).encode()))
+        save_entry(path, key, entry)
     except OSError as e:
         warning = (f"cannot save the calibration to {path} ({e.strerror or e}); "
                    f"set {CACHE_ENV} to a writable folder")

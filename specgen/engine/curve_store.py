@@ -1,7 +1,8 @@
-"""The calibration file: measured cost curves by "model key|machine", in the cache directory.
+"""The calibration files: measured cost curves by "model key|machine", in the cache directory
+(calibration.json: one sequence's curve; batch_calibration.json: a batched step's by rows).
 
-Entries are checked when read (a damaged one reads as none), and the file is written atomically
-under a lock (calibrate.py measures and saves; `specgen cache` lists and forgets)."""
+Entries are checked when read (a damaged one reads as none), and each file is written atomically
+under a lock (calibrate.py and batch_cost.py measure and save; `specgen cache` lists and forgets)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,22 @@ from specgen.engine.cost import Curve
 
 def calibration_file() -> Path:
     return cache_dir() / "calibration.json"
+
+
+def batch_calibration_file() -> Path:
+    return cache_dir() / "batch_calibration.json"
+
+
+def save_entry(path: Path, key: str, entry: dict) -> None:
+    """Add or replace one entry, under the lock (another process may be saving its own model's),
+    atomically; a damaged file is replaced. An OSError says the file cannot be written."""
+    with locked(path):
+        try:
+            store = read_store(path)
+        except ValueError:
+            store = {}  # damaged: replaced by what is saved now
+        store[key] = entry
+        write_atomic(path, lambda f: f.write(json.dumps(store, indent=1).encode()))
 
 
 def valid_curve(entry) -> Curve | None:
@@ -57,17 +74,20 @@ def stored_curves() -> dict[str, dict]:
 
 
 def forget_curves(model_key: str | None = None) -> int:
-    """Drop the cached curves of one model (on every machine), or all of them; how many went."""
-    path = calibration_file()
-    if not path.exists():
-        return 0
-    with locked(path):
-        try:
-            store = read_store(path)
-        except ValueError:
-            store = {}  # damaged: nothing in it can be used anyway
-        gone = [k for k in store if model_key is None or k.split("|", 1)[0] == model_key]
-        for k in gone:
-            del store[k]
-        write_atomic(path, lambda f: f.write(json.dumps(store, indent=1).encode()))
-    return len(gone)
+    """Drop the cached curves (single-sequence and batched) of one model, on every machine, or all
+    of them; how many went."""
+    gone = 0
+    for path in (calibration_file(), batch_calibration_file()):
+        if not path.exists():
+            continue
+        with locked(path):
+            try:
+                store = read_store(path)
+            except ValueError:
+                store = {}  # damaged: nothing in it can be used anyway
+            dropped = [k for k in store if model_key is None or k.split("|", 1)[0] == model_key]
+            for k in dropped:
+                del store[k]
+            write_atomic(path, lambda f: f.write(json.dumps(store, indent=1).encode()))
+        gone += len(dropped)
+    return gone
