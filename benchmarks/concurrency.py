@@ -43,24 +43,25 @@ from serve import ROOT, SETS, float32_model, start  # noqa: E402  (benchmarks/se
 SERVERS = ("specgen", "mlx_lm")
 
 
-def prompt_pool() -> list[str]:
-    """Grounded, code-fix and chat prompts interleaved, so every level mixes the three."""
-    sets = [[json.loads(line)["prompt"] for line in (SETS / f"{s}.jsonl").read_text().splitlines()]
+def prompt_pool() -> list[list[dict]]:
+    """Grounded, code-fix and chat conversations interleaved, so every level mixes the three."""
+    rows = [[json.loads(line) for line in (SETS / f"{s}.jsonl").read_text().splitlines()]
             for s in ("grounded", "code_fix", "chat")]
-    return [p for group in zip(*sets) for p in group]
+    return [r.get("messages") or [{"role": "user", "content": r["prompt"]}] for group in zip(*rows) for r in group]
 
 
-def numbered(n: int, pool: list[str]) -> str:
-    """Request n's prompt: new to every cache (its first words differ from every earlier one's)."""
-    return f"Request {n}.\n\n{pool[n % len(pool)]}"
+def numbered(n: int, pool: list[list[dict]]) -> list[dict]:
+    """Request n's conversation: new to every cache (its first words differ from every earlier one's)."""
+    first, *rest = pool[n % len(pool)]
+    return [{**first, "content": f"Request {n}.\n\n{first['content']}"}, *rest]
 
 
-def ask(client: openai.OpenAI, prompt: str, max_tokens: int) -> dict:
+def ask(client: openai.OpenAI, messages: list[dict], max_tokens: int) -> dict:
     """One streamed request: its text, token count and when each chunk came."""
     t0 = time.perf_counter()
     times, text, tokens = [], [], 0
     for chunk in client.chat.completions.create(model="default_model", max_tokens=max_tokens, temperature=0.0,
-                                                messages=[{"role": "user", "content": prompt}], stream=True,
+                                                messages=messages, stream=True,
                                                 stream_options={"include_usage": True}):
         if chunk.choices and chunk.choices[0].delta.content:
             times.append(time.perf_counter())
@@ -71,7 +72,7 @@ def ask(client: openai.OpenAI, prompt: str, max_tokens: int) -> dict:
             "gaps": [b - a for a, b in zip(times, times[1:])], "text": "".join(text), "tokens": tokens}
 
 
-def at_once(client: openai.OpenAI, prompts: list[str], max_tokens: int) -> list[dict]:
+def at_once(client: openai.OpenAI, prompts: list[list[dict]], max_tokens: int) -> list[dict]:
     """Every prompt sent at the same moment, each from its own thread (a client of its own)."""
     results: list[dict | None] = [None] * len(prompts)
     gate = threading.Barrier(len(prompts))
@@ -142,14 +143,15 @@ def serving(model: str, levels: list[int], rounds: int, max_tokens: int, max_bat
     return rows
 
 
-def long_prefill(clients: dict, pool: list[str], n: int, max_tokens: int, long_chars: int = 16000) -> dict:
+def long_prefill(clients: dict, pool: list[list[dict]], n: int, max_tokens: int, long_chars: int = 16000) -> dict:
     """A short request sent 0.5 s into a long prompt's prefill: its time to first token."""
-    long_prompt = f"Request {n + 1}.\n\n" + "\n\n".join(pool[i % len(pool)] for i in range(200))[:long_chars]
+    text = "\n\n".join(m["content"] for i in range(200) for m in pool[i % len(pool)])[:long_chars]
     row = {"set": "short during long prefill", "long_chars": long_chars}
     for k, c in clients.items():
         n += 2
         done: dict = {}
-        thread = threading.Thread(target=lambda: done.update(ask(c, long_prompt + f" ({k})", 16)))
+        long_prompt = [{"role": "user", "content": f"Request {n + 1} ({k}).\n\n{text}"}]
+        thread = threading.Thread(target=lambda: done.update(ask(c, long_prompt, 16)))
         thread.start()
         time.sleep(0.5)
         short = ask(c, numbered(n, pool), 16)
@@ -163,7 +165,7 @@ import json, sys
 from mlx_lm import load, batch_generate
 model, tok = load(sys.argv[1])
 rows = [json.loads(l) for l in open(sys.argv[2])]
-prompts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True) for r in rows]
+prompts = [tok.apply_chat_template(r["messages"], add_generation_prompt=True) for r in rows]
 out = batch_generate(model, tok, prompts, max_tokens=int(sys.argv[3]))
 json.dump(out.texts, open(sys.argv[4], "w"))
 """
@@ -174,7 +176,7 @@ def batch_job(model: str, count: int, batch: int, max_tokens: int, rounds: int) 
     whole processes timed (load included), alternating; texts compared."""
     pool = prompt_pool()
     work = Path(tempfile.mkdtemp(prefix="specgen-bench-batch-"))
-    (work / "prompts.jsonl").write_text("".join(json.dumps({"id": i, "prompt": pool[i % len(pool)]}) + "\n"
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"id": str(i), "messages": pool[i % len(pool)]}) + "\n"
                                                 for i in range(count)))
     (work / "mlx_lm_batch.py").write_text(MLX_LM_BATCH)
     times: dict[str, list[float]] = {k: [] for k in SERVERS}
@@ -191,7 +193,7 @@ def batch_job(model: str, count: int, batch: int, max_tokens: int, rounds: int) 
             times[k].append(time.perf_counter() - t0)
             if k == "specgen":
                 got = {json.loads(line)["id"]: json.loads(line)["text"] for line in out.read_text().splitlines()}
-                texts[k] = [got[i] for i in range(count)]
+                texts[k] = [got[str(i)] for i in range(count)]
             else:
                 texts[k] = json.loads(out.read_text())
     ratios = [b / a for a, b in zip(times["specgen"], times["mlx_lm"])]
