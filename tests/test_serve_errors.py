@@ -16,6 +16,8 @@ import openai
 import pytest
 from servers import client, running
 
+from specgen.engine.batch_streams import Streams
+
 MSG = [{"role": "user", "content": "Once upon a time"}]
 
 
@@ -109,14 +111,20 @@ def test_the_api_key_is_required_when_set_and_browsers_may_ask_first(engine):
 
 
 def _held(engine, monkeypatch) -> threading.Event:
-    """Make the engine's generations wait until the returned event is set."""
-    release, real = threading.Event(), engine.stream
+    """Make generations wait until the returned event is set, one at a time (engine.stream) or
+    batched (Streams.step)."""
+    release, real, real_step = threading.Event(), engine.stream, Streams.step
 
     def held(request, stats=None):
         release.wait(30)
         yield from real(request, stats)
 
+    def held_step(self):
+        release.wait(30)
+        return real_step(self)
+
     monkeypatch.setattr(engine, "stream", held)
+    monkeypatch.setattr(Streams, "step", held_step)
     return release
 
 
@@ -127,53 +135,67 @@ def _wait(condition):
         time.sleep(0.01)
 
 
-def test_a_full_queue_answers_429_with_retry_after(engine, monkeypatch):
+def _taken(worker) -> int:
+    """Requests the worker has taken: waiting, plus running (one, or a batch's rows)."""
+    running = len(worker.active) if hasattr(worker, "active") else worker.running is not None
+    return worker.queued + running
+
+
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_a_full_queue_answers_429_with_retry_after(engine, monkeypatch, max_batch):
     release = _held(engine, monkeypatch)
     body = {"model": "demo", "messages": MSG, "max_tokens": 4}
     results = []
-    with running(engine, max_queue=1) as (url, worker):
-        threads = [threading.Thread(target=lambda: results.append(
-            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code)) for _ in range(2)]
-        threads[0].start()
-        _wait(lambda: worker.running is not None)
-        threads[1].start()
-        _wait(lambda: worker.queued == 1)
+    with running(engine, max_queue=1, max_batch=max_batch) as (url, worker):
+        threads = []
+        while not worker.queued:  # fill the rows, then the queue's one place
+            threads.append(threading.Thread(target=lambda: results.append(
+                httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code)))
+            threads[-1].start()
+            _wait(lambda: _taken(worker) == len(threads))
         r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error"
         release.set()
         for t in threads:
             t.join(30)
-    assert results == [200, 200]
+    assert len(threads) >= 2 and results == [200] * len(threads)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_a_dead_worker_is_reported_and_fails_waiting_requests_at_once(engine, monkeypatch):
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_a_dead_worker_is_reported_and_fails_waiting_requests_at_once(engine, monkeypatch, max_batch):
     release = _held(engine, monkeypatch)
-    held = engine.stream
+    held, held_step = engine.stream, Streams.step
 
     def dies(request, stats=None):
         for response in held(request, stats):
             raise SystemExit("simulated crash")  # escapes the per-request handler, as nothing should
             yield response
 
+    def step_dies(self):
+        held_step(self)
+        raise SystemExit("simulated crash")
+
     monkeypatch.setattr(engine, "stream", dies)
+    monkeypatch.setattr(Streams, "step", step_dies)
     results = {}
 
     def post(name, url):
         results[name] = httpx.post(f"{url}/v1/chat/completions", json={"model": "demo", "messages": MSG}, timeout=30)
 
-    with running(engine) as (url, worker):
+    with running(engine, max_queue=4, max_batch=max_batch) as (url, worker):
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
-        threads = [threading.Thread(target=post, args=(n, url)) for n in ("running", "waiting")]
-        threads[0].start()
-        _wait(lambda: worker.running is not None)
-        threads[1].start()
-        _wait(lambda: worker.queued == 1)
+        names = [f"request {i}" for i in range(max_batch + 2)]  # more than run at once: some wait
+        threads = [threading.Thread(target=post, args=(n, url)) for n in names]
+        for i, t in enumerate(threads):
+            t.start()
+            _wait(lambda: _taken(worker) == i + 1)
+        assert worker.queued >= 1
         release.set()
         for t in threads:
             t.join(10)
-        assert [results[n].status_code for n in ("running", "waiting")] == [503, 503]
+        assert [results[n].status_code for n in names] == [503] * len(names)
         health = httpx.get(f"{url}/health")
         assert health.status_code == 503 and "simulated crash" in health.json()["error"]
         after = httpx.post(f"{url}/v1/chat/completions", json={"model": "demo", "messages": MSG}, timeout=5)
