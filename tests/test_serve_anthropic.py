@@ -93,6 +93,7 @@ def test_claude_codes_request_gets_chat_completions_text_streamed_or_not_and_its
                                                  "cache_read_input_tokens": 0, "output_tokens": 0}
     assert records[-2][1]["delta"]["stop_reason"] == finish
     assert records[-2][1]["usage"]["output_tokens"] == whole.usage.output_tokens
+    assert records[-2][1]["specgen"]["steps"] >= 1  # specgen's counts, as the whole message has them
     assert whole.usage.cache_read_input_tokens == prompt - 1  # the same prompt again, header aside
     # the first turn's prompt and output were kept, although the billing header changed
     assert turn.usage.cache_read_input_tokens > prompt

@@ -53,8 +53,9 @@ class MessageBuilder:
                     + [e for call in piece.tool_calls for e in self._tool_use(call)])
         self.done = piece
         delta = {"stop_reason": self._stop_reason(), "stop_sequence": piece.stop_sequence}
-        return self._close() + [("message_delta", {"type": "message_delta", "delta": delta, "usage": self._usage()}),
-                                ("message_stop", {"type": "message_stop"})]
+        # specgen's counts ride on message_delta as on the whole body's message (clients ignore them)
+        final = {"type": "message_delta", "delta": delta, "usage": self._usage(), "specgen": specgen_stats(piece.stats)}
+        return self._close() + [("message_delta", final), ("message_stop", {"type": "message_stop"})]
 
     def failed(self, error: ApiError) -> list[Event]:
         return [("error", error_body(error))]
