@@ -2,13 +2,18 @@
 the official openai client on a real server. Sixteen clients at once each get the text the same
 request gets from a server that runs one request at a time (streamed or not, greedy or seeded);
 a client that leaves mid-stream cancels its own row only; the next turn of a conversation comes
-from the cache a batched row left."""
+from the cache a batched row left; a job whose finish or cancel fails fails alone, the worker
+serving the next request."""
 
 import threading
+import time
 
 import httpx
+import openai
 import pytest
 from servers import client, running
+
+from specgen.serve.batch_worker import BatchWorker
 
 PROMPTS = ["Once upon a time", "Lily and Ben went to the park", "The little dog was sad", "Tom had a red ball",
            "One day, a bird", "Sue liked to bake", "The sun was hot", "Max saw a big tree"]
@@ -52,6 +57,7 @@ def test_sixteen_clients_at_once_each_get_the_text_they_get_alone(demo_engine):
     with running(demo_engine, max_batch=1) as (url, _):
         alone = [answer(client(url), *r) for r in todo]
     with running(demo_engine, max_batch=4, max_queue=16) as (url, worker):
+        assert isinstance(worker, BatchWorker)
         together = all_at_once(url, todo)
         assert worker.served == 16 and worker.failed == 0 and worker.running is None
     assert together == alone and len(set(alone)) > 8
@@ -62,6 +68,7 @@ def test_a_client_that_leaves_cancels_its_row_only(demo_engine):
     with running(demo_engine, max_batch=1) as (url, _):
         alone = [answer(client(url), *r) for r in todo]
     with running(demo_engine, max_batch=4) as (url, worker):
+        assert isinstance(worker, BatchWorker)
         results = [None] * 3
         threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, answer(client(url), *todo[i])))
                    for i in range(3)]
@@ -88,9 +95,54 @@ def test_the_next_turn_from_a_batched_rows_cache_is_the_turn_from_nothing(demo_e
         turn = first + [{"role": "assistant", "content": reply.choices[0].message.content},
                         {"role": "user", "content": "And then?"}]
         fresh = client(url).chat.completions.create(model="demo", messages=turn, max_tokens=20)
-    with running(demo_engine, max_batch=max_batch) as (url, _):
+    with running(demo_engine, max_batch=max_batch) as (url, worker):
+        assert isinstance(worker, BatchWorker) == (max_batch > 1)
         again = client(url).chat.completions.create(model="demo", messages=first, max_tokens=20)
         cached = client(url).chat.completions.create(model="demo", messages=turn, max_tokens=20)
     assert again.choices[0].message.content == reply.choices[0].message.content
     assert cached.choices[0].message.content == fresh.choices[0].message.content
     assert cached.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def once_failing(method, error: Exception):
+    """`method`, but raising `error` the first time it is called."""
+    calls = []
+
+    def failing(*args, **kw):
+        calls.append(args)
+        if len(calls) == 1:
+            raise error
+        return method(*args, **kw)
+
+    return failing
+
+
+def test_a_job_whose_cache_cannot_be_kept_fails_alone(demo_engine):
+    ask = {"model": "demo", "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 12}
+    with running(demo_engine, max_batch=4) as (url, worker):
+        assert isinstance(worker, BatchWorker)
+        before = client(url).chat.completions.create(**ask)
+        worker.prompts.store = once_failing(worker.prompts.store, MemoryError("no room for the cache"))
+        with pytest.raises(openai.InternalServerError, match="no room for the cache"):
+            client(url).chat.completions.create(**ask)
+        after = client(url).chat.completions.create(**ask)
+        assert worker.dead is None and worker.failed == 1 and worker.served == 2
+    assert after.choices[0].message.content == before.choices[0].message.content
+
+
+def test_a_job_whose_cancel_fails_fails_alone(demo_engine):
+    ask = {"model": "demo", "messages": [{"role": "user", "content": PROMPTS[3]}], "max_tokens": 12}
+    body = {**ask, "max_tokens": 400, "stream": True}
+    with running(demo_engine, max_batch=4) as (url, worker):
+        before = client(url).chat.completions.create(**ask)
+        worker.streams.cancel = once_failing(worker.streams.cancel, RuntimeError("the row would not go"))
+        with httpx.Client(timeout=30) as h, h.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            for _ in range(4):
+                next(lines)
+        deadline = time.monotonic() + 10
+        while worker.failed == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        after = client(url).chat.completions.create(**ask)
+        assert worker.dead is None and worker.failed == 1 and worker.served == 2 and not worker.active
+    assert after.choices[0].message.content == before.choices[0].message.content

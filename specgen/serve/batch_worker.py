@@ -6,19 +6,17 @@ Between steps the thread admits queued jobs while rows are free (one more waits 
 bounded chunks between decode steps, so a long prompt does not freeze the running streams),
 drops jobs whose client went away (their row only), and hands each response to its job. A
 finished job leaves its cache in the prompt cache and its drafter in the drafter cache, as
-worker.py does. A failure inside a step fails the jobs running then (each told), not the thread.
+worker.py does. A failure inside a step fails the jobs running then (each told), and one in a
+job's own admission, cancel or finish fails that job alone: never the thread.
 """
 
 from __future__ import annotations
 
 import logging
 
-from specgen.draft.stats import RunStats
 from specgen.engine.batch_streams import Streams
-from specgen.engine.engine import Engine, Request
-from specgen.errors import SpecgenError
-from specgen.serve.schema import ApiError
-from specgen.serve.worker import Finished, Job, Started, Worker, dead_error, stopping_error
+from specgen.engine.engine import Engine
+from specgen.serve.worker import Finished, Job, Prepared, Started, Worker, dead_error, stopping_error
 
 _log = logging.getLogger("specgen.serve")
 
@@ -32,7 +30,7 @@ class BatchWorker(Worker):
         self.max_batch = max_batch
         self._chunk = {"prefill_chunk": prefill_chunk} if prefill_chunk else {}
         self.streams = Streams(engine, max_rows=max_batch, **self._chunk)
-        self.active: dict[int, tuple[Job, tuple | None, object]] = {}  # id(job) -> (job, settings, drafter)
+        self.active: dict[int, tuple[Job, Prepared]] = {}  # id(job) -> the job and its request
 
     def _run(self) -> None:
         try:
@@ -54,7 +52,7 @@ class BatchWorker(Worker):
         except BaseException as e:
             self.dead = f"{type(e).__name__}: {e}"
             _log.critical("the generation worker died: %s", self.dead)
-            for job, _, _ in self.active.values():
+            for job, _ in self.active.values():
                 job.deliver(dead_error(self.dead))
             raise
         finally:
@@ -66,36 +64,30 @@ class BatchWorker(Worker):
     def stop_soon(self) -> None:
         """Refuse new jobs and cancel the running ones and every waiting one (returns at once)."""
         super().stop_soon()
-        for job, _, _ in list(self.active.values()):
+        for job, _ in list(self.active.values()):
             job.cancel()
 
     def _admit(self, job: Job) -> None:
-        if job.cancelled.is_set():
-            self.cancelled += 1
-            job.deliver(Finished(job.stats, cancelled=True))
+        if self._skipped(job):
             return
-        opts = job.options
-        job.stats = RunStats()  # its clock starts now: waiting in the queue is not prefill
         try:
-            cache, cached = self.prompts.fetch(job.ids)
-            settings = (opts.ngram_order, opts.window, opts.memory)
-            drafter, fed = self.drafters.take(job.ids, settings) if opts.draft is None else (None, 0)
-            if drafter is None and opts.draft is None:
-                drafter = self.engine.new_drafter(opts)
-            self.streams.add(id(job), Request(job.ids, opts, prompt_cache=cache, cached=cached,
-                                              prediction=job.prediction, drafter=drafter, drafter_fed=fed),
-                             job.stats, keep_cache=True)
+            prepared = self._prepare(job)
+            self.streams.add(id(job), prepared.request, job.stats, keep_cache=True)
         except Exception as e:  # this request's failure, reported to it alone
             self._failed(job, e)
             return
-        job.deliver(Started(len(job.ids), cached))
-        self.active[id(job)] = (job, settings if opts.draft is None else None, drafter)
+        job.deliver(Started(len(job.ids), prepared.request.cached))
+        self.active[id(job)] = (job, prepared)
 
     def _drop_cancelled(self) -> None:
-        for key, (job, _, _) in list(self.active.items()):
+        for key, (job, _) in list(self.active.items()):
             if job.cancelled.is_set():
-                self.streams.cancel(key)
-                del self.active[key]
+                del self.active[key]  # first: should cancel fail, the row's responses are ignored
+                try:
+                    self.streams.cancel(key)
+                except Exception as e:  # this request's failure, reported to it alone
+                    self._failed(job, e)
+                    continue
                 self.cancelled += 1
                 job.deliver(Finished(job.stats, cancelled=True))
 
@@ -103,30 +95,23 @@ class BatchWorker(Worker):
         try:
             responses = self.streams.step()
         except Exception as e:  # the running jobs' failure: they are told, the next ones start afresh
-            for job, _, _ in self.active.values():
+            for job, _ in self.active.values():
                 self._failed(job, e)
             self.active.clear()
             self.streams = Streams(self.engine, max_rows=self.max_batch, **self._chunk)
             return
         for key, response in responses:
-            job, settings, drafter = self.active[key]
+            if key not in self.active:  # a row whose cancel failed: its job was already told
+                self.streams.kept(key)  # (and the cache it leaves is not kept)
+                continue
+            job, prepared = self.active[key]
             job.deliver(response)
             if response.finish_reason is not None:
-                self._finish(key, job, settings, drafter)
-
-    def _finish(self, key: int, job: Job, settings, drafter) -> None:
-        del self.active[key]
-        stats = job.stats
-        kept = self.streams.kept(key)  # prompt and output but the last token
-        if kept is not None:
-            self.prompts.store((job.ids + stats.output_ids)[:-1], kept)
-        if settings is not None and drafter is not None:
-            self.drafters.put(drafter, settings)
-        self.served += 1
-        job.deliver(Finished(stats, False))
-
-    def _failed(self, job: Job, e: Exception) -> None:
-        self.failed += 1
-        if not isinstance(e, (ApiError, SpecgenError)):
-            _log.error("a request failed", exc_info=e)
-        job.deliver(e)
+                del self.active[key]
+                try:
+                    self._keep(job, prepared, self.streams.kept(key))
+                except Exception as e:  # this request's failure, reported to it alone
+                    self._failed(job, e)
+                    continue
+                self.served += 1
+                job.deliver(Finished(job.stats, False))

@@ -1,11 +1,13 @@
 """The one thread that generates: a FIFO queue of jobs in front of the engine.
 
-Speculation is per sequence, so requests run one at a time, each on this thread (the engine's
-decode loop and its cache rewind must run where they started). A job's responses go to its
-`send` callback as they come (after `Started`, with the prompt cache's hit), then `Finished` (or
-the exception that ended it). A job whose client went away is cancelled within one step, queued or running. One request's failure is
-that request's alone; should the thread itself ever die, `dead` says why, waiting jobs fail at
-once and new ones are refused (the routes answer 503), never a healthy front over a dead worker.
+`Worker` runs requests one at a time, each on this thread (the engine's decode loop and its cache
+rewind must run where they started); batch_worker.py's `BatchWorker`, the server's default where
+the model's caches batch, keeps this queue and job protocol and decodes several together. A job's
+responses go to its `send` callback as they come (after `Started`, with the prompt cache's hit),
+then `Finished` (or the exception that ended it). A job whose client went away is cancelled within
+one step, queued or running. One request's failure is that request's alone; should the thread
+itself ever die, `dead` says why, waiting jobs fail at once and new ones are refused (the routes
+answer 503), never a healthy front over a dead worker.
 """
 
 from __future__ import annotations
@@ -59,6 +61,23 @@ class Job:
             self.send(item)
         except Exception:  # the receiving side is gone (its event loop closed): stop working for it
             self.cancel()
+
+
+class DrafterSettings(NamedTuple):
+    """What a kept drafter must have been made with to serve a request (the drafter cache's key)."""
+
+    ngram_order: int
+    window: int
+    memory: bool
+
+
+class Prepared(NamedTuple):
+    """A job ready for the engine: its request, and whether its drafter goes back to the drafter
+    cache afterwards (under `settings`); a fixed draft size uses none."""
+
+    request: Request
+    settings: DrafterSettings
+    keep: bool
 
 
 def stopping_error() -> ApiError:
@@ -132,10 +151,7 @@ class Worker:
                 try:
                     self._serve(job)
                 except Exception as e:  # this request's failure, reported to it alone
-                    self.failed += 1
-                    if not isinstance(e, (ApiError, SpecgenError)):
-                        _log.exception("a request failed")
-                    job.deliver(e)
+                    self._failed(job, e)
                 self.running = None
         except BaseException as e:
             self.dead = f"{type(e).__name__}: {e}"
@@ -150,20 +166,11 @@ class Worker:
                 job.deliver(dead_error(self.dead) if self.dead else stopping_error())
 
     def _serve(self, job: Job) -> None:
-        if job.cancelled.is_set():
-            self.cancelled += 1
-            job.deliver(Finished(job.stats, cancelled=True))
+        if self._skipped(job):
             return
-        opts, stats = job.options, RunStats()  # its clock starts now: waiting in the queue is not prefill
-        job.stats = stats
-        cache, cached = self.prompts.fetch(job.ids)
-        job.deliver(Started(len(job.ids), cached))
-        settings = (opts.ngram_order, opts.window, opts.memory)
-        drafter, fed = self.drafters.take(job.ids, settings) if opts.draft is None else (None, 0)
-        if drafter is None and opts.draft is None:
-            drafter = self.engine.new_drafter(opts)
-        stream = self.engine.stream(Request(job.ids, opts, prompt_cache=cache, cached=cached,
-                                            prediction=job.prediction, drafter=drafter, drafter_fed=fed), stats)
+        prepared = self._prepare(job)
+        job.deliver(Started(len(job.ids), prepared.request.cached))
+        stream = self.engine.stream(prepared.request, job.stats)
         try:
             for response in stream:
                 job.deliver(response)
@@ -171,11 +178,46 @@ class Worker:
                     break
         finally:
             stream.close()  # here, on this thread: the decode loop rewinds the cache
-        # The cache holds the prompt and output but the last token (Engine.stream).
-        self.prompts.store((job.ids + stats.output_ids)[:-1], cache)
-        if drafter is not None:
-            self.drafters.put(drafter, settings)
-        cancelled = job.cancelled.is_set() and stats.stop_reason is None
+        self._keep(job, prepared, prepared.request.prompt_cache)
+        cancelled = job.cancelled.is_set() and job.stats.stop_reason is None
         self.cancelled += cancelled
         self.served += not cancelled
-        job.deliver(Finished(stats, cancelled))
+        job.deliver(Finished(job.stats, cancelled))
+
+    def _skipped(self, job: Job) -> bool:
+        """Whether `job` was cancelled before it started (then it is told so, and counted)."""
+        skipped = job.cancelled.is_set()
+        if skipped:
+            self.cancelled += 1
+            job.deliver(Finished(job.stats, cancelled=True))
+        return skipped
+
+    def _prepare(self, job: Job) -> Prepared:
+        """The engine request for `job`: the prompt cache's longest prefix of its ids, and a kept
+        drafter that has read them (or a new one) unless it drafts with a fixed size."""
+        opts = job.options
+        job.stats = RunStats()  # its clock starts now: waiting in the queue is not prefill
+        cache, cached = self.prompts.fetch(job.ids)
+        settings = DrafterSettings(opts.ngram_order, opts.window, opts.memory)
+        keep = opts.draft is None
+        drafter, fed = self.drafters.take(job.ids, settings) if keep else (None, 0)
+        if keep and drafter is None:
+            drafter = self.engine.new_drafter(opts)
+        request = Request(job.ids, opts, prompt_cache=cache, cached=cached, prediction=job.prediction,
+                          drafter=drafter, drafter_fed=fed)
+        return Prepared(request, settings, keep)
+
+    def _keep(self, job: Job, prepared: Prepared, cache: list | None) -> None:
+        """Keep a finished job's cache (prompt and output but the last token, as Engine.stream
+        leaves it) and its drafter for later requests."""
+        if cache is not None:
+            self.prompts.store((job.ids + job.stats.output_ids)[:-1], cache)
+        if prepared.keep:
+            self.drafters.put(prepared.request.drafter, prepared.settings)
+
+    def _failed(self, job: Job, e: Exception) -> None:
+        """`job` failed with `e`: it is told, and the failure is counted (and logged if unexpected)."""
+        self.failed += 1
+        if not isinstance(e, (ApiError, SpecgenError)):
+            _log.error("a request failed", exc_info=e)
+        job.deliver(e)
