@@ -127,6 +127,12 @@ def test_out_of_range_settings_exit_1_naming_the_flag(tmp_path, args, message):
     assert r.exit_code == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
+@pytest.mark.parametrize("flag,value", [("--batch", "4"), ("--batch", "1"), ("--output", "out.jsonl")])
+def test_flags_for_many_prompts_are_refused_without_prompts(tmp_path, flag, value):
+    r = invoke(["run", "-n", "4", flag, value, ONCE], tmp_path)
+    assert r.exit_code == 1 and f"{flag} needs --prompts" in r.stderr and r.stdout == "", r.stderr
+
+
 @pytest.mark.parametrize("args,flag", [(["--top-p", "0.9"], "--top-p"), (["--top-k", "5"], "--top-k"),
                                        (["--min-p", "0.1"], "--min-p"), (["--seed", "3"], "--seed")])
 def test_settings_that_do_nothing_when_greedy_are_warned_about(tmp_path, args, flag):

@@ -59,8 +59,8 @@ def run(
                                           help="Run many prompts with one model load: JSONL {\"prompt\" or \"messages\", \"id\"} or plain lines ('-' = stdin); one JSON result line each."),
     output: Optional[str] = typer.Option(None, "-o", "--output", show_default=False,
                                          help="With --prompts: append results to this JSONL file; run again to resume (ids already there are skipped)."),
-    batch_rows: int = typer.Option(defaults.MAX_BATCH, "--batch",
-                                   help="With --prompts: decode up to N prompts together, each speculating (1 = one at a time)."),
+    batch_rows: Optional[int] = typer.Option(None, "--batch", show_default=False,
+                                             help=f"With --prompts: decode up to N prompts together, each speculating (1 = one at a time). Default: {defaults.MAX_BATCH}."),
     predict: Optional[str] = typer.Option(None, "--predict", show_default=False,
                                           help="A file with text the output is expected to repeat (e.g. the file being edited): drafts come from it; the output is unchanged."),
     max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens to generate."),
@@ -101,6 +101,8 @@ def run(
             fail(f"{flag} cannot be used with --prompts (a JSONL line may carry its own \"prediction\")")
     if output is not None and not batch:
         fail("--output needs --prompts (a single run writes to stdout)")
+    if batch_rows is not None and not batch:
+        fail("--batch needs --prompts (a single prompt is decoded alone)")
     if batch and group is not None:
         fail("--prompts is not supported under mlx.launch yet: run one prompt per launch")
     if temp > 0 and seed is None:  # every rank must sample with rank 0's seed
@@ -115,7 +117,7 @@ def run(
         from specgen.api.batch_run import run_batch
 
         raise typer.Exit(run_batch(engine, opts, prompts, output, raw=raw, system=system, say=say,
-                                   batch=batch_rows))
+                                   batch=defaults.MAX_BATCH if batch_rows is None else batch_rows))
     ids = shared_ints(group, lambda: engine.encode(
         text if text is not None else read_prompt(prompt, file, io.StringIO()), raw=raw, system=system))
     stats = RunStats()
