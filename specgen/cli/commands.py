@@ -173,8 +173,8 @@ def serve(
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
     memory: bool = typer.Option(False, "--memory", help="Learn every response into this model's memory and draft from it."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECGEN_API_KEY", show_default=False,
-                                          help="Require 'Authorization: Bearer KEY' on /v1/ requests."),
-    max_queue: int = typer.Option(serve_config.MAX_QUEUE, "--max-queue", help="Requests that may wait behind the running one; more get 429."),
+                                          help="Require the key on /v1/ requests: 'Authorization: Bearer KEY' or 'x-api-key: KEY' (Anthropic's clients)."),
+    max_queue: int = typer.Option(serve_config.MAX_QUEUE, "--max-queue", help="Requests that may wait while --max-batch are running; more get 429."),
     max_batch: int = typer.Option(serve_config.MAX_BATCH, "--max-batch",
                                   help="Requests decoded together, each speculating (1 = one at a time)."),
     allowed_origins: Optional[list[str]] = typer.Option(None, "--allowed-origins", show_default=False,
@@ -187,7 +187,8 @@ def serve(
     recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure this model's verify-cost curve again."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No request log lines or notices on stderr."),
 ):
-    """Serve the model over an OpenAI-compatible HTTP API (chat and text completions), speculating."""
+    """Serve the model over HTTP, speculating: OpenAI's chat and text completions and Responses (Codex),
+    and Anthropic's Messages (Claude Code), with up to --max-batch requests decoded together."""
     import logging
 
     from specgen.engine.engine import Engine

@@ -1,4 +1,4 @@
-"""The `simulate`, `bench` and `cache` commands (registered by cli.py): wiring only."""
+"""The `simulate`, `bench` and `cache` commands (registered by cli/commands.py): wiring only."""
 
 from __future__ import annotations
 

@@ -4,10 +4,11 @@ text completions, Anthropic's Messages (Claude Code) and OpenAI's Responses (Cod
 FastAPI + uvicorn (the `serve` extra). app.py holds the routes; schema.py, anthropic.py and
 responses.py check each API's requests and make chat messages of them; prompting.py turns those
 into token ids and output text into message parts; turn.py is the one path from ids to an answer
-(a job on worker.py's one generation thread and queue), shaped by chat_stream.py,
-anthropic_stream.py or responses_stream.py; cache.py is what the worker keeps across requests,
-config.py the settings, limits.py the body-size limit. Generation itself is the engine's: one way
-through.
+(a job on the one generation thread and queue: batch_worker.py's, decoding up to --max-batch
+requests together where the model's caches batch, else worker.py's, one at a time), shaped by
+chat_stream.py, anthropic_stream.py or responses_stream.py; cache.py is what the worker keeps
+across requests, config.py the settings, limits.py the body-size limit. Generation itself is the
+engine's: one way through.
 """
 
 from __future__ import annotations

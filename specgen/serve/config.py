@@ -8,7 +8,7 @@ from specgen import defaults
 
 HOST = "127.0.0.1"  # loopback unless told otherwise
 PORT = 8080
-MAX_QUEUE = 16  # requests waiting behind the running one; more get 429
+MAX_QUEUE = 16  # requests waiting while MAX_BATCH run (one with max_batch 1); more get 429
 MAX_BATCH = defaults.MAX_BATCH  # requests decoded together (1: one at a time, as before the batch engine)
 PROMPT_CACHE_BYTES = 4 << 30  # model caches kept for later turns (mlx-lm's LRUPromptCache)
 MAX_BODY_BYTES = 32 << 20  # a request body over this is a 413 (a 70K-token conversation is ~0.3 MB)
