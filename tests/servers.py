@@ -5,6 +5,7 @@ import threading
 import time
 
 import anthropic
+import httpx
 import openai
 
 from specgen.serve import ServeConfig, make_server
@@ -38,3 +39,17 @@ def client(url: str, **kw) -> openai.OpenAI:
 def anthropic_client(url: str, **kw) -> anthropic.Anthropic:
     """Anthropic's official client, pointed at the server as Claude Code is (no /v1 in the URL)."""
     return anthropic.Anthropic(base_url=url, api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
+
+
+def leave_mid_stream(url: str, worker, path: str, body: dict, lines: int) -> int:
+    """Stream `body` to `path`, leave after `lines` lines; how many more jobs the worker has
+    cancelled 5 s later (or as soon as it has cancelled one)."""
+    before = worker.cancelled
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=30) as r:
+        read = r.iter_lines()
+        for _ in range(lines):
+            next(read)
+    deadline = time.monotonic() + 5
+    while worker.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return worker.cancelled - before
