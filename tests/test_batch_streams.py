@@ -70,6 +70,46 @@ def test_a_finished_row_hands_over_the_cache_a_single_run_leaves(demo_engine):
     assert streams.kept("kept") is None  # handed over once
 
 
+def same_cache(ours, ids, output_ids, engine) -> None:
+    """`ours` holds what a single run's cache holds after emitting `output_ids` (greedy, so the run
+    of that many tokens emits them): the prompt and output but the last token."""
+    solo = make_prompt_cache(engine.loaded.model)
+    stats = RunStats()
+    list(engine.stream(Request(ids, Options(max_tokens=len(output_ids)), prompt_cache=solo), stats))
+    assert stats.output_ids == output_ids
+    assert ours[0].offset == solo[0].offset == len(ids) + len(output_ids) - 1
+    for mine, theirs in zip(ours, solo):
+        n = theirs.offset
+        assert np.allclose(np.array(mine.keys[..., :n, :]), np.array(theirs.keys[..., :n, :]), atol=1e-5)
+
+
+def test_a_row_ended_by_a_stop_string_hands_over_its_cache(demo_engine):
+    ids = demo_engine.encode(STARTS[4])
+    streams = Streams(demo_engine, max_rows=2)
+    streams.add("other", Request(demo_engine.encode("The little dog"), Options(max_tokens=50)))
+    stats = streams.add("kept", Request(ids, Options(max_tokens=40, stop=(".",))), keep_cache=True)
+    while streams.busy:
+        streams.step()
+    assert stats.stop_reason == "stop" and stats.stop_token is None  # the stop string ended it
+    same_cache(streams.kept("kept"), ids, stats.output_ids, demo_engine)
+
+
+def test_a_cancelled_row_hands_back_its_cache(demo_engine):
+    ids = demo_engine.encode(STARTS[0])
+    streams = Streams(demo_engine, max_rows=2)
+    streams.add("other", Request(demo_engine.encode("The little dog"), Options(max_tokens=50)))
+    stats = streams.add("kept", Request(ids, Options(max_tokens=40)), keep_cache=True)
+    assert streams.cancel("nothing") is None
+    while len(stats.output_ids) < 8:
+        streams.step()
+    kept = streams.cancel("kept")
+    assert stats.stop_reason is None and streams.kept("kept") is None  # handed back, once
+    same_cache(kept, ids, stats.output_ids, demo_engine)
+    waiting = Streams(demo_engine, max_rows=1)
+    waiting.add("w", Request(ids, Options(max_tokens=5)), keep_cache=True)
+    assert waiting.cancel("w") is None  # never prefilled: nothing a run would leave
+
+
 def test_cancelling_one_request_leaves_the_others(demo_engine):
     requests = [Request(demo_engine.encode(p), Options(max_tokens=30)) for p in STARTS[:3]]
     alone = [seen(demo_engine.stream(r)) for r in requests]

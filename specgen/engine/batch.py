@@ -1,9 +1,10 @@
 """Continuous batching with per-sequence speculation: many sequences, one forward pass a step.
 
 `Batch` holds the active rows (each with its own drafter, draft length, selector and seed, stop
-rules and place in a ragged cache, batch_cache.py) and the waiting ones. Each `step` prefills one
-bounded chunk of a waiting prompt (on a cache of its own; it joins the batch when done, so a long
-prompt does not freeze the running rows), then runs ONE forward pass over every active row's
+rules and place in a ragged cache, batch_cache.py) and the waiting ones. Each `step` prefills up
+to one chunk's worth of prompt tokens (a piece of a long prompt, or several whole short ones, each
+on a cache of its own; a prompt joins the batch when done, so a long one does not freeze the
+running rows), then runs ONE forward pass over every active row's
 last token plus its draft, rows padded to the widest, and judges each row on its own as
 decode.generate does: a row emits the longest accepted prefix of its draft plus the model's next
 token, and keeps just those entries. Rows join and leave between steps.
@@ -31,8 +32,8 @@ from specgen.draft.predictor import NGramPredictor
 from specgen.engine.batch_cache import RaggedBatch, unbatchable
 from specgen.engine.batch_cost import Pricing
 from specgen.engine.batch_row import Row
-from specgen.engine.decode import PREFILL_CHUNK
-from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector
+from specgen.engine.decode import PREFILL_CHUNK, check_prompt
+from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector, settle
 from specgen.errors import InputError
 from specgen.settings import check
 
@@ -68,16 +69,12 @@ class Batch:
             cached: int = 0, drafter_fed: int = 0, keep_cache: bool = False) -> None:
         """Queue a sequence; it joins once prefilled. Arguments as decode.generate's (a
         `prompt_cache` must be of plain KV layers, holding the first `cached` prompt tokens).
-        With `keep_cache`, once it finishes `kept[key]` is a cache of its own holding its prompt
-        and output but the last token (as decode.generate leaves its cache)."""
-        if not prompt:
-            raise InputError("the prompt is empty")
-        check(max_tokens=max_tokens, draft=draft)
-        if context_length is not None and len(prompt) >= context_length:
-            raise InputError(f"the prompt is {len(prompt)} tokens but the model's context is "
-                             f"{context_length} tokens: at most {context_length - 1} prompt tokens fit")
-        if not 0 <= cached < len(prompt) or (prompt_cache is None and cached):
-            raise ValueError(f"cached must be in [0, {len(prompt)}), and 0 without a prompt_cache")
+        With `keep_cache`, once it finishes (or is cancelled after joining) `kept[key]` is a cache
+        of its own holding its prompt and output but the last token (as decode.generate leaves
+        its cache, closed early or not)."""
+        check_prompt(prompt, max_tokens=max_tokens, draft=draft, context_length=context_length, cached=cached)
+        if prompt_cache is None and cached:
+            raise ValueError("cached must be 0 without a prompt_cache")
         if any(r.key == key for r in self.rows + self.waiting):
             raise ValueError(f"key {key!r} is already in the batch")
         if isinstance(selector, MlxLmSampling):
@@ -92,7 +89,8 @@ class Batch:
         self.waiting.append(row)
 
     def cancel(self, key: Hashable) -> bool:
-        """Drop a sequence, waiting or active; whether it was there. The others go on unchanged."""
+        """Drop a sequence, waiting or active; whether it was there. The others go on unchanged.
+        An active one added with `keep_cache` leaves its cache in `kept`, as if it had finished."""
         for i, r in enumerate(self.rows):
             if r.key == key:
                 self._leave({i})
@@ -173,9 +171,6 @@ class Batch:
         self.counters.decode_time += time.perf_counter() - start
         self.counters.generation_steps += 1
         self.counters.generation_tokens += sum(len(s.tokens) + (s.stop_token is not None) for _, s in events)
-        for i in done:
-            if self.rows[i].keep_cache:
-                self.kept[self.rows[i].key] = self.cache.row_cache(i, self.rows[i].pos - 1)
         if done:
             self._leave(done)
         if self.rows and self.cache.holey():
@@ -209,10 +204,14 @@ class Batch:
         of its input `token` over the row's own entries before it, alone."""
         alone = self.cache.row_cache(i, self.cache.slots.lengths[i] - 1)
         logits = self.model(mx.array([[token]], mx.uint32), cache=alone)[0, -1]
-        last = row.selector.pick(logits, row.history, row.pos + n).item()
-        return drafts[:n] + [last], n + (n < len(drafts) and drafts[n] == last)
+        return settle(drafts, n, row.selector.pick(logits, row.history, row.pos + n).item())
 
     def _leave(self, rows: set[int]) -> None:
+        """Drop these rows, a keep_cache row's entries (all it holds: its history but the last
+        token, as decode.generate leaves its cache) first copied out to `kept`."""
+        for i in rows:
+            if self.rows[i].keep_cache:
+                self.kept[self.rows[i].key] = self.cache.row_cache(i, self.rows[i].pos - 1)
         kept = [i for i in range(len(self.rows)) if i not in rows]
         self.cache.keep(kept)
         self.rows = [self.rows[i] for i in kept]

@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from specgen.draft.events import Drafter, Speculation, Step, Verdict
 from specgen.draft.schedule import draft_room
-from specgen.engine.sampling import MlxLmSampling, Selector
+from specgen.engine.sampling import Judged, MlxLmSampling, Selector, accept
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Row:
     cache: list | None = None  # its own cache until it joins the batch
     prefilled: int = 0  # prompt tokens in `cache`
     fed: int = 0  # prompt tokens the drafter was given before it came here
-    keep_cache: bool = False  # extract its cache when it finishes (Batch.kept)
+    keep_cache: bool = False  # copy its cache out when it leaves the batch (Batch.kept)
     waited: int = 0  # steps it has waited to be prefilled
     history: list[int] = field(default_factory=list)  # prompt + emitted; the last is not cached
     drafted: int = 0  # drafted tokens verified so far, and how many were accepted
@@ -55,21 +55,16 @@ class Row:
                           len(self.prompt) + self.max_tokens, self.context_length)
         return self.drafter.draft(room) if on and self.speculation.on and room > 0 else []
 
-    def judge(self, logits: mx.array, drafts: list[int]) -> tuple[list[int], int, int | None]:
+    def judge(self, logits: mx.array, drafts: list[int]) -> Judged:
         """(tokens the row emits, drafts equal to the selector's choices, tied) for a pass whose
         rows `logits` follow the last token and each draft; `tied` is the index of a near-tied
         row whose choice the caller must recompute (then the tokens stop before it)."""
         if isinstance(self.selector, MlxLmSampling):  # mlx-lm's own sampler: plain, unverified
-            return [self.selector.pick(logits[0], self.history, self.pos).item()], 0, None
+            return Judged([self.selector.pick(logits[0], self.history, self.pos).item()], 0, None)
         chosen = self.selector.verify(logits, self.history, self.pos, drafts)
         if self.speculation.on:
             self.drafter.recycle([self.history[-1], *drafts], chosen.tokens)
-        n = 0
-        while n < len(drafts) and drafts[n] == chosen.tokens[n]:
-            n += 1
-        if chosen.trusted > n:
-            return drafts[:n] + [chosen.tokens[n]], n, None
-        return drafts[: chosen.trusted], chosen.trusted, chosen.trusted
+        return accept(drafts, chosen)
 
     def finish(self, emitted: list[int], drafted: int, matched: int, confirmed: bool) -> Step:
         """Cut `emitted` before a stop token, record it, tell the drafter, and say if it ended."""

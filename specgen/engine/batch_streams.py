@@ -95,10 +95,14 @@ class Streams:
                                                           stats, plan.drafter))
         return stats
 
-    def cancel(self, key: Hashable) -> None:
-        """Stop generating for `key` (no more responses); the other requests go on unchanged."""
+    def cancel(self, key: Hashable) -> list | None:
+        """Stop generating for `key` (no more responses); the other requests go on unchanged.
+        Returns its cache if it was added with keep_cache and had started decoding (holding its
+        prompt and output but the last token, as `Engine.stream` closed early leaves it), else
+        None."""
         self.batch.cancel(key)
         self._open.pop(key, None)
+        return self.batch.kept.pop(key, None)
 
     def kept(self, key: Hashable) -> list | None:
         """The cache of a finished request added with keep_cache (once: it is handed over)."""
@@ -114,7 +118,7 @@ class Streams:
                 continue
             responses = job.responder.take(event)
             out += [(key, r) for r in responses]
-            if job.responder.stopped:  # a stop string: the text is over
+            if job.responder.stopped:  # a stop string: the text is over (a kept cache stays in `kept`)
                 self.batch.cancel(key)
             if job.responder.stopped or getattr(event, "stop_reason", None):
                 del self._open[key]

@@ -17,11 +17,27 @@ from specgen.draft.events import Drafter, Prefilled, Speculation, Step, Verdict
 from specgen.draft.predictor import NGramPredictor
 from specgen.draft.schedule import Schedule
 from specgen.engine.rollback import Rollback
-from specgen.engine.sampling import GREEDY, Selector
+from specgen.engine.sampling import GREEDY, Selector, accept, settle
 from specgen.errors import InputError
 from specgen.settings import check
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass, as in mlx_lm.generate_step
+
+
+def check_prompt(prompt: Sequence[int], *, max_tokens: int, draft: int, context_length: int | None,
+                 cached: int) -> None:
+    """Refuse what no generation can run (decode.generate's and the batch's one check): an empty
+    prompt, bad settings, a prompt the context cannot hold, `cached` outside the prompt."""
+    if not prompt:
+        raise InputError("the prompt is empty")
+    check(max_tokens=max_tokens, draft=draft)
+    if context_length is not None and len(prompt) >= context_length:
+        raise InputError(
+            f"the prompt is {len(prompt)} tokens but the model's context is {context_length} "
+            f"tokens: at most {context_length - 1} prompt tokens fit"
+        )
+    if not 0 <= cached < len(prompt):
+        raise ValueError(f"cached must be in [0, {len(prompt)}): the last prompt token is always fed")
 
 
 def generate(
@@ -54,16 +70,7 @@ def generate(
     partly rejected step are fed again with the next pass, and are in the cache once the
     generator finishes.
     """
-    if not prompt:
-        raise InputError("the prompt is empty")
-    check(max_tokens=max_tokens, draft=draft)
-    if context_length is not None and len(prompt) >= context_length:
-        raise InputError(
-            f"the prompt is {len(prompt)} tokens but the model's context is {context_length} "
-            f"tokens: at most {context_length - 1} prompt tokens fit"
-        )
-    if not 0 <= cached < len(prompt):
-        raise ValueError(f"cached must be in [0, {len(prompt)}): the last prompt token is always fed")
+    check_prompt(prompt, max_tokens=max_tokens, draft=draft, context_length=context_length, cached=cached)
     if not 0 <= drafter_fed <= len(prompt):
         raise ValueError(f"drafter_fed must be in [0, {len(prompt)}]")
     cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
@@ -113,20 +120,17 @@ def generate(
         pos = len(history)
         chosen = selector.verify(logits, history, pos, drafts)
         drafter.recycle([history[-1], *drafts], chosen.tokens)
-        n = 0
-        while n < len(drafts) and drafts[n] == chosen.tokens[n]:
-            n += 1
-        if chosen.trusted > n:
-            return drafts[:n] + [chosen.tokens[n]], n, False
+        tokens, matched, n = accept(drafts, chosen)
+        if n is None:
+            return tokens, matched, False
         # The row choosing the last token is near-tied: choose it as plain decoding does, from a
         # one-position pass after the drafts before it.
-        n = chosen.trusted
         rollback.rewind_to(pos - 1 + n)
         seq = [*history, *drafts]
         if rollback.cached < pos - 1 + n:  # a restore went back further
             forward(seq[rollback.cached : pos - 1 + n])
         last = selector.pick(forward([seq[pos - 1 + n]])[-1], history, pos + n).item()
-        return drafts[:n] + [last], n + (n < len(drafts) and drafts[n] == last), True
+        return *settle(drafts, n, last), True
 
     with mx.stream(generation_stream):
         for start in range(cached, len(prompt) - 1, PREFILL_CHUNK):

@@ -35,6 +35,32 @@ class Verified(NamedTuple):
     trusted: int
 
 
+class Judged(NamedTuple):
+    """What one verify pass emits for a sequence: the tokens, how many drafts equal the selector's
+    choices, and the near-tied position whose choice must be made by a one-position pass (None:
+    none; `tokens` then stop before it)."""
+
+    tokens: list[int]
+    matched: int
+    tied: int | None
+
+
+def accept(drafts: Sequence[int], chosen: Verified) -> Judged:
+    """The longest prefix of `drafts` equal to the selector's choices, then its next choice: what
+    plain decoding emits. A near-tied position reached first is left to the caller (`settle`)."""
+    n = 0
+    while n < len(drafts) and drafts[n] == chosen.tokens[n]:
+        n += 1
+    if chosen.trusted > n:
+        return Judged([*drafts[:n], chosen.tokens[n]], n, None)
+    return Judged(list(drafts[: chosen.trusted]), chosen.trusted, chosen.trusted)
+
+
+def settle(drafts: Sequence[int], tied: int, last: int) -> tuple[list[int], int]:
+    """(tokens emitted, drafts matched) once the near-tied position `tied` chose `last` alone."""
+    return [*drafts[:tied], last], tied + (tied < len(drafts) and drafts[tied] == last)
+
+
 def _verified(scores: mx.array, margin: float) -> Verified:
     """Argmax per row, trusting the rows up to the first whose top two scores are within `margin`."""
     top2 = mx.topk(scores, 2, axis=-1)
