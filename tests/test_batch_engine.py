@@ -10,10 +10,10 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specgen.draft.drafter import make_drafter
 from specgen.draft.events import Prefilled, Step
-from specgen.engine import batch_cache
+from specgen.engine import batch_cache, batch_cost
 from specgen.engine.batch import Batch
 from specgen.engine.batch_cache import unbatchable
-from specgen.engine.batch_cost import Pricing, measure
+from specgen.engine.batch_cost import Pricing, load_or_measure, measure
 from specgen.engine.sampling import make_selector
 from specgen.errors import InputError
 
@@ -224,3 +224,19 @@ def test_pricing_drafts_where_a_wider_step_pays_and_not_where_it_does_not(storie
     assert price.step(8)(1) == pytest.approx(2.0)
     grid = measure(stories.model, stories.tokenizer.encode(STORY), max_rows=4, budget_s=0.5)
     assert {1, 2} <= set(grid) and all(row[1] > 0 and len(row) >= 2 for row in grid.values())
+
+
+def test_a_grid_the_budget_cut_short_is_read_back_not_measured_again(stories, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(batch_cost, "BUDGET_S", 0.0)  # one and two rows only, as on a slow machine
+    measured = []
+    first, _ = load_or_measure(stories.model, "m", stories.tokenizer, 8, before_measuring=lambda: measured.append(1))
+    assert max(first) == 2 and measured == [1]
+    for rows in (8, 16):
+        again, _ = load_or_measure(stories.model, "m", stories.tokenizer, rows,
+                                   before_measuring=lambda: measured.append(2))
+        assert again == first and measured == [1]
+    # A full grid for two rows does not do for eight: the budget did not end it.
+    load_or_measure(stories.model, "n", stories.tokenizer, 2, before_measuring=lambda: measured.append(3))
+    load_or_measure(stories.model, "n", stories.tokenizer, 8, before_measuring=lambda: measured.append(4))
+    assert measured == [1, 3, 4]

@@ -2,7 +2,8 @@
 
 A step over B rows of T positions each is timed on a ragged batch (batch_cache.py) for a few
 row counts and widths, within a budget of seconds, once per model and machine (cached beside the
-single-sequence curve). `Pricing` turns the grid into what the batch engine asks each step: at
+single-sequence curve; a grid the budget cut short is kept as it is: measuring again would cut it
+again). `Pricing` turns the grid into what the batch engine asks each step: at
 B rows, the cost of k + 1 positions per row relative to a plain batched step (cost.py's curve
 rules), and whether any draft can pay at that size (if not, the step is plain batched decoding).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from bisect import bisect_left
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -41,7 +42,7 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     solo = make_prompt_cache(model)
     model(mx.array([tokens[:-1]], mx.uint32), cache=solo)
     mx.eval([c.state for c in solo])
-    counts = [r for r in ROWS if r <= max(max_rows, 2)]
+    counts = _counts(max_rows)
     grid: Grid = {}
     start = time.perf_counter()
     for n, rows in enumerate(counts):
@@ -62,6 +63,11 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
         if n >= 1 and time.perf_counter() - start + 2 * ROUNDS[0] * sum(grid[rows].values()) > budget_s:
             break  # the next row count (twice as many) would not fit
     return grid
+
+
+def _counts(max_rows: int) -> list[int]:
+    """The row counts a grid for batches of up to `max_rows` rows times (budget permitting)."""
+    return [r for r in ROWS if r <= max(max_rows, 2)]
 
 
 def _timer(model, solo: list, rows: int, tokens: list[int]) -> Callable[[int], float]:
@@ -103,31 +109,42 @@ class Pricing:
         return self._drafting[self._size(rows)]
 
 
-def _valid(entry) -> Grid | None:
+class Stored(NamedTuple):
+    """A cached grid, and whether the budget ended it before the row counts asked for."""
+
+    grid: Grid
+    cut: bool
+
+
+def _valid(entry) -> Stored | None:
     try:
-        grid = {int(b): {int(t): float(s) for t, s in row.items()} for b, row in entry.items()}
-    except (AttributeError, ValueError, TypeError):
+        grid = {int(b): {int(t): float(s) for t, s in row.items()} for b, row in entry["grid"].items()}
+        cut = entry["cut"]
+    except (AttributeError, KeyError, ValueError, TypeError):
         return None
-    ok = grid and all(1 in row and len(row) >= 2 and all(s > 0 for s in row.values()) for row in grid.values())
-    return grid if ok else None
+    ok = grid and isinstance(cut, bool) and all(
+        1 in row and len(row) >= 2 and all(s > 0 for s in row.values()) for row in grid.values())
+    return Stored(grid, cut) if ok else None
 
 
 def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibrate: bool = False,
                     before_measuring=lambda: None) -> tuple[Grid, str | None]:
     """This model's grid on this machine from the cache, or measured and cached (enough rows for
-    `max_rows`); and a warning where the cache cannot be written."""
+    `max_rows`, or as many as the budget allowed); and a warning where the cache cannot be written."""
     path = batch_calibration_file()
     key = f"{model_key}|{machine_id()}"
     try:
         cached = None if recalibrate else _valid(read_store(path).get(key))
     except (OSError, ValueError):
         cached = None
-    if cached is not None and (max(cached) >= max_rows or max(cached) >= max(ROWS)):
-        return cached, None
+    if cached is not None and (cached.cut or max(cached.grid) >= max(_counts(max_rows))):
+        return cached.grid, None
     before_measuring()
     grid = measure(model, list(tokenizer.encode(SAMPLE)) or [0], max_rows)
+    cut = max(grid) < max(_counts(max_rows))
     try:
-        save_entry(path, key, {str(b): {str(t): s for t, s in row.items()} for b, row in grid.items()})
+        save_entry(path, key, {"grid": {str(b): {str(t): s for t, s in row.items()} for b, row in grid.items()},
+                               "cut": cut})
     except OSError as e:
         return grid, f"cannot save the batch calibration to {path} ({e.strerror or e})"
     return grid, None
