@@ -8,10 +8,13 @@ import mlx_lm
 import pytest
 from conftest import SHARED, tiny_model
 from mlx_lm.generate import BatchResponse
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 import specgen
 from specgen import SpecgenWarning, batch_generate
 from specgen.engine import batch_cost, calibrate
+from specgen.engine.batch_streams import Streams
 from specgen.errors import SettingError
 
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
@@ -31,11 +34,16 @@ def demo():
     return model, tokenizer
 
 
-def test_greedy_texts_equal_mlx_lm_batch_generate_and_each_prompt_alone(demo):
+def test_greedy_texts_equal_mlx_lm_batch_generate_and_each_prompt_alone(demo, monkeypatch):
     model, tokenizer = demo
     ids = [tokenizer.encode(p) for p in PROMPTS]
-    ours = batch_generate(model, tokenizer, ids, max_tokens=[60, 50, 40, 70], completion_batch_size=3,
-                          return_token_ids=True)
+    rows, step = [], Streams.step
+    monkeypatch.setattr(Streams, "step", lambda self: rows.append(len(self.batch.rows)) or step(self))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpecgenWarning)  # running them one at a time would warn
+        ours = batch_generate(model, tokenizer, ids, max_tokens=[60, 50, 40, 70], completion_batch_size=3,
+                              return_token_ids=True)
+    assert max(rows) == 3  # decoded together, as many as completion_batch_size lets
     theirs = mlx_lm.batch_generate(model, tokenizer, ids, max_tokens=[60, 50, 40, 70], return_token_ids=True)
     assert isinstance(ours, BatchResponse) and ours.texts == theirs.texts
     assert ours.token_ids == theirs.token_ids
@@ -64,6 +72,21 @@ def test_what_it_does_not_offer_is_an_error_naming_it(demo):
         batch_generate(model, tokenizer, PROMPTS, completion_batch_size=0)
     with pytest.raises(SettingError, match="seed"):
         batch_generate(model, tokenizer, PROMPTS, temp=0.5, seed=[1, 2])
+    greedy = make_sampler(0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpecgenWarning)  # "top_p has no effect at temperature 0"
+        for kind in ({"top_p": 0.9}, {"top_k": 5}, {"min_p": 0.1}, {"temp": 0.5}, {"seed": 3}):
+            with pytest.raises(SettingError, match="sampler and temp/top_p"):  # as specgen.generate refuses
+                batch_generate(model, tokenizer, PROMPTS, sampler=greedy, **kind)
+            with pytest.raises(SettingError, match="sampler and temp/top_p"):
+                specgen.generate(model, tokenizer, PROMPTS[0], sampler=greedy, **kind)
+
+
+def test_what_changes_nothing_is_a_warning(demo):
+    model, tokenizer = demo
+    with pytest.warns(SpecgenWarning, match="prefill_batch_size changes nothing"):
+        ours = batch_generate(model, tokenizer, PROMPTS[:2], max_tokens=5, prefill_batch_size=4)
+    assert ours.texts == [specgen.generate(model, tokenizer, p, max_tokens=5) for p in PROMPTS[:2]]
 
 
 def test_a_model_that_cannot_batch_runs_one_prompt_at_a_time(demo):
@@ -94,11 +117,20 @@ class OnePosition:
         return self.model.parameters()
 
 
-def test_a_model_that_reads_one_position_runs_one_prompt_at_a_time(demo):
-    model, tokenizer = OnePosition(demo[0]), demo[1]
+def test_a_model_that_reads_one_position_runs_one_prompt_at_a_time(demo, capsys):
+    # The demo's stop tokens (its engine's, from models.toml), so the second prompt ends on one.
+    model, tokenizer = OnePosition(demo[0]), TokenizerWrapper(demo[1]._tokenizer, eos_token_ids=[1, 2])
+    prompts, limits = [PROMPTS[1], PROMPTS[3]], [10, 200]
     with pytest.warns(SpecgenWarning, match="one at a time: its forward pass does not take per-row positions"):
-        ours = batch_generate(model, tokenizer, PROMPTS[:2], max_tokens=10, draft=2)
-    assert ours.texts == [specgen.generate(model, tokenizer, p, max_tokens=10, draft=2) for p in PROMPTS[:2]]
+        ours = batch_generate(model, tokenizer, prompts, max_tokens=limits, draft=2, verbose=True)
+    assert "[batch_generate] Finished processing 2/2\n" in capsys.readouterr().out  # verbose as batched
+    assert ours.texts == [specgen.generate(model, tokenizer, p, max_tokens=n, draft=2)
+                          for p, n in zip(prompts, limits)]
+    batched = batch_generate(demo[0], demo[1], prompts, max_tokens=limits, draft=2, return_token_ids=True)
+    assert batched.texts == ours.texts and len(batched.token_ids[1]) < limits[1]
+    # The work is counted as the batch counts it: the stop token generated, the last prompt token decoded.
+    assert ((ours.stats.prompt_tokens, ours.stats.generation_tokens)
+            == (batched.stats.prompt_tokens, batched.stats.generation_tokens))
 
 
 @pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")

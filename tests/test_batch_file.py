@@ -1,5 +1,5 @@
-"""batch.py without a model: reading a prompts file or stream, resuming from a results file (a
-line torn by a kill cut off, everything else kept), and writing results as durable lines."""
+"""api/batch_file.py without a model: reading a prompts file or stream, resuming from a results
+file (a line torn by a kill cut off, everything else kept), and writing results as durable lines."""
 
 import io
 import json

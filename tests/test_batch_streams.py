@@ -128,16 +128,21 @@ def test_cancelling_one_request_leaves_the_others(demo_engine):
 
 
 @pytest.mark.usefixtures("quick_calibration")
-def test_run_prompts_batched_writes_what_one_at_a_time_writes_in_input_order(tmp_path):
+def test_run_prompts_batched_writes_what_one_at_a_time_writes_in_input_order(tmp_path, monkeypatch):
     source = tmp_path / "in.jsonl"
     lines = [json.dumps({"id": f"p{i}", "prompt": p, "max_tokens": 20 + 7 * i}) for i, p in enumerate(STARTS)]
     source.write_text("\n".join(lines[:2] + ["{not json"] + lines[2:]) + "\n")
+    rows, step = [], Streams.step
+    monkeypatch.setattr(Streams, "step", lambda self: rows.append(len(self.batch.rows)) or step(self))
     out = {}
     for batch in ("1", "4"):
+        rows.clear()
         r = CliRunner().invoke(app, ["run", "--prompts", str(source), "--batch", batch],
                                env={"HF_HUB_OFFLINE": "1", "SPECGEN_MODEL": "demo"})
         assert r.exit_code == 1, r.output  # the bad line is a failed result; the others run
+        assert "one at a time" not in r.stderr
         out[batch] = [json.loads(x) for x in r.stdout.splitlines()]
+        assert max(rows, default=0) == (4 if batch == "4" else 0)  # --batch 4 decodes four together
     ids = [x.get("id") for x in out["4"]]
     assert ids == ["p0", "p1", None, "p2", "p3", "p4", "p5"] and "error" in out["4"][2]
     assert [x.get("text") for x in out["4"]] == [x.get("text") for x in out["1"]]

@@ -3,7 +3,8 @@ specgen's batch engine (engine/batch.py): the prompts are decoded together, each
 its own drafter, and each text is exactly what `specgen.generate` gives for that prompt alone.
 
 Models whose caches cannot batch by per-row ends (state-space, sliding-window, quantized caches)
-run their prompts one at a time, with a SpecgenWarning saying why.
+run their prompts one at a time, with a SpecgenWarning saying why; the BatchStats count the same
+work either way.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from mlx_lm.generate import BatchResponse
 from mlx_lm.generate_utils import BatchCounters, BatchCountersSnapshot
 
 from specgen import defaults
-from specgen.api.generate import _notice, _prompt_ids, engine_for, stream_generate
+from specgen.api.generate import _custom_selector, _notice, _prompt_ids, engine_for, stream_generate
 from specgen.engine.batch_streams import Streams, batch_unsupported
+from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Request
 from specgen.engine.options import Options
-from specgen.engine.sampling import CUSTOM_OFF, MlxLmSampling
+from specgen.engine.sampling import CUSTOM_OFF
 from specgen.errors import SettingError
 from specgen.settings import check
 
@@ -30,20 +32,23 @@ _NOT_OFFERED = ("prompt_caches", "return_prompt_caches", "return_logprobs", "max
 
 
 def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
-                   max_tokens: int | Sequence[int] = 128, verbose: bool = False, *,
+                   max_tokens: int | Sequence[int] = defaults.BATCH_MAX_TOKENS, verbose: bool = False, *,
                    return_token_ids: bool = False, sampler=None, logits_processors=None,
-                   completion_batch_size: int = defaults.MAX_BATCH, prefill_step_size: int | None = None,
+                   completion_batch_size: int = defaults.MAX_BATCH, prefill_step_size: int = PREFILL_CHUNK,
                    stop: str | Sequence[str] = (), seed: int | Sequence[int] | None = None,
                    **options) -> BatchResponse:
     """Generate from every prompt (strings or token ids), up to `completion_batch_size` at once,
     and return mlx-lm's BatchResponse (texts in prompt order, BatchStats; `token_ids` with
     `return_token_ids`). `max_tokens` and `seed` may be one value or one per prompt; a single
-    seed gives every prompt the text that seed gives it alone. Other keywords as in
+    seed gives every prompt the text that seed gives it alone. `verbose` is mlx-lm's: progress
+    and speeds on stdout, as specgen.generate prints its own. Other keywords as in
     specgen.generate (temp, top_p, top_k, min_p, draft, memory, ngram_order, window)."""
     for name in _NOT_OFFERED:
         if options.pop(name, None) not in (None, False):
             raise SettingError(name, "is not offered by specgen.batch_generate")
-    options.pop("prefill_batch_size", None)  # prompts are prefilled one chunk at a time
+    if options.pop("prefill_batch_size", None) is not None:
+        _notice("prefill_batch_size changes nothing: waiting prompts are prefilled together up to "
+                "prefill_step_size tokens a step")
     unknown = set(options) - set(Options.__dataclass_fields__)
     if unknown:
         raise SettingError(min(unknown), "is not a parameter of specgen.batch_generate")
@@ -58,36 +63,32 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     seeds = _per_prompt("seed", seed, n)
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     engine = engine_for(model, tokenizer)
-    custom = sampler is not None or bool(logits_processors)
     opts = [Options(max_tokens=m, seed=s, stop=stops, **options) for m, s in zip(limits, seeds)]
     for name, message in opts[0].check() if opts else ():
         _notice(f"{name} {message}")
     for o in opts[1:]:
         o.check()
-    if custom and (opts[0].temp or seed is not None):
-        raise SettingError("sampler", "and temp/top_p/top_k/min_p/seed are two ways to sample: pass one")
+    selectors = [_custom_selector(o, sampler, logits_processors) for o in opts]  # one state each
     ids = [_prompt_ids(engine.loaded.tokenizer, p) for p in prompts]
     if not all(ids):
         raise SettingError("prompts", "holds an empty prompt")
     why = batch_unsupported(engine)
     start = BatchCountersSnapshot()
+    progress = _Progress(len(ids), verbose)
     if why:
         _notice(f"this model's prompts run one at a time: {why}")
         counters = BatchCounters()
-        outputs = [_alone(model, tokenizer, p, o, sampler, logits_processors, counters)
-                   for p, o in zip(ids, opts)]
+        outputs = []
+        for p, o in zip(ids, opts):
+            outputs.append(_alone(model, tokenizer, p, o, sampler, logits_processors, counters))
+            progress.done()
     else:
-        streams = Streams(engine, max_rows=completion_batch_size,
-                          **({"prefill_chunk": prefill_step_size} if prefill_step_size else {}))
-        outputs = _batched(streams, ids, opts, sampler, logits_processors, verbose)
+        streams = Streams(engine, max_rows=completion_batch_size, prefill_chunk=prefill_step_size)
+        outputs = _batched(streams, ids, opts, selectors, progress)
         counters = streams.batch.counters
     stats = BatchCountersSnapshot.between(start, BatchCountersSnapshot(**asdict(counters)))
     texts = [tokenizer.decode(out) if text is None else text for out, text in outputs]
-    if verbose:
-        print(f"[batch_generate] Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")
-        print(f"[batch_generate] Generation: {stats.generation_tokens} tokens, "
-              f"{stats.generation_tps:.3f} tokens-per-sec")
-        print(f"[batch_generate] Peak memory: {stats.peak_memory:.3f} GB")
+    progress.end(stats)
     return BatchResponse(texts, stats, None, [out for out, _ in outputs] if return_token_ids else None)
 
 
@@ -100,23 +101,40 @@ def _per_prompt(name: str, value, n: int) -> list:
     return values
 
 
-def _batched(streams: Streams, ids, opts, sampler, processors, verbose):
+class _Progress:
+    """mlx_lm.batch_generate's `verbose` lines (the caller asked for them on stdout)."""
+
+    def __init__(self, total: int, verbose: bool):
+        self.total, self.verbose, self.finished = total, verbose, 0
+        self._say(f"Finished processing 0/{total} ...", end="\r")
+
+    def done(self) -> None:
+        """Count one finished prompt."""
+        self.finished += 1
+        self._say(f"Finished processing {self.finished}/{self.total} ...", end="\r")
+
+    def end(self, stats) -> None:
+        self._say(f"Finished processing {self.finished}/{self.total}")
+        self._say(f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec")
+        self._say(f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec")
+        self._say(f"Peak memory: {stats.peak_memory:.3f} GB")
+
+    def _say(self, line: str, end: str = "\n") -> None:
+        if self.verbose:
+            print(f"[batch_generate] {line}", end=end, flush=True)
+
+
+def _batched(streams: Streams, ids, opts, selectors, progress: _Progress):
     """Every prompt through one batch: (token ids, its text where stop strings cut it, else None:
     decoded whole, as mlx-lm does) in prompt order."""
-    custom = sampler is not None or bool(processors)
-    runs = [streams.add(i, Request(p, o, selector=MlxLmSampling(sampler, processors) if custom else None,
-                                   off=CUSTOM_OFF if custom else None))
-            for i, (p, o) in enumerate(zip(ids, opts))]
+    runs = [streams.add(i, Request(p, o, selector=sel, off=CUSTOM_OFF if sel else None))
+            for i, (p, o, sel) in enumerate(zip(ids, opts, selectors))]
     texts = [""] * len(ids)
-    finished = 0
     while streams.busy:
         for i, response in streams.step():
             texts[i] += response.text
-            finished += response.finish_reason is not None
-            if verbose and response.finish_reason is not None:
-                print(f"[batch_generate] Finished processing {finished}/{len(ids)} ...", end="\r")
-    if verbose:
-        print(f"[batch_generate] Finished processing {finished}/{len(ids)}")
+            if response.finish_reason is not None:
+                progress.done()
     return [(list(s.output_ids), t if o.stop else None) for s, t, o in zip(runs, texts, opts)]
 
 
@@ -128,9 +146,11 @@ def _alone(model, tokenizer, prompt, opts: Options, sampler, processors, counter
                                 logits_processors=processors, stop=opts.stop, **settings):
         text += last.text
     s = last.stats
-    counters.prompt_tokens += s.prompt_tokens
+    # As the batch counts: the last prompt token is fed by the first decode step, a stop token
+    # is a generated token.
+    counters.prompt_tokens += s.prompt_tokens - 1
     counters.prompt_time += s.prefill_s
-    counters.generation_tokens += len(s.output_ids)
+    counters.generation_tokens += len(s.output_ids) + (s.stop_token is not None)
     counters.generation_steps += s.counts.steps
     counters.decode_time += s.decode_s
     return list(s.output_ids), text

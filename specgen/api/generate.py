@@ -20,6 +20,7 @@ from specgen import defaults
 from specgen.engine import registry
 from specgen.engine.engine import Engine, Request, Response
 from specgen.engine.options import Options
+from specgen.engine.sampling import CUSTOM_OFF, MlxLmSampling
 from specgen.errors import SettingError, SpecgenError
 
 _ENGINES: dict[int, Engine] = {}  # id(model) -> its engine, while the model lives
@@ -72,6 +73,16 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
     return ids
 
 
+def _custom_selector(opts: Options, sampler, logits_processors) -> MlxLmSampling | None:
+    """mlx-lm's `sampler` and `logits_processors` as one request's selector (None when neither is
+    given); refused beside specgen's own sampling settings, which would then be ignored."""
+    if sampler is None and not logits_processors:
+        return None
+    if opts.temp or opts.top_p or opts.top_k or opts.min_p or opts.seed is not None:
+        raise SettingError("sampler", "and temp/top_p/top_k/min_p/seed are two ways to sample: pass one")
+    return MlxLmSampling(sampler, logits_processors)
+
+
 def _cache_start(prompt_cache, ids: list[int]) -> tuple[list[int], int]:
     """(whole prompt, tokens of it already cached) for mlx-lm's prompt_cache semantics: the cache
     holds earlier turns (fed by specgen) and `ids` continue them. What the last call yielded but
@@ -104,18 +115,13 @@ def stream_generate(model, tokenizer, prompt: str | Sequence[int], max_tokens: i
     for name, message in opts.check():
         _notice(f"{name} {message}")
     engine = engine_for(model, tokenizer)
-    custom = sampler is not None or bool(logits_processors)
-    if custom and (opts.temp or opts.top_p or opts.top_k or opts.min_p or opts.seed is not None):
-        raise SettingError("sampler", "and temp/top_p/top_k/min_p/seed are two ways to sample: pass one")
+    selector = _custom_selector(opts, sampler, logits_processors)
     new = _prompt_ids(engine.loaded.tokenizer, prompt)
     if not new:
         raise SettingError("prompt", "is empty")
     ids, cached = _cache_start(prompt_cache, new)
-    from specgen.engine.sampling import CUSTOM_OFF, MlxLmSampling
-
     request = Request(ids, opts, prompt_cache=prompt_cache, cached=cached, prediction=prediction,
-                      selector=MlxLmSampling(sampler, logits_processors) if custom else None,
-                      off=CUSTOM_OFF if custom else None)
+                      selector=selector, off=CUSTOM_OFF if selector else None)
     last = None
     try:
         for last in engine.stream(request):

@@ -5,7 +5,7 @@ cost (measured at most once per engine, before the first request that drafts) an
 earlier outputs. `Engine.stream(Request)` runs decode.generate on the request's `plan` and turns
 its steps into one `Response` per token (responses.py): mlx-lm's GenerationResponse, with
 specgen's running `stats`; the batch engine (batch_streams.py) uses the same plan and responses. The CLI,
-batch runs, the Python API (api.py) and the server all call it, so they cannot disagree on
+batch runs, the Python API (api/generate.py) and the server all call it, so they cannot disagree on
 defaults, stop tokens or drafting.
 
 An engine is not thread-safe: a generation runs, and must be closed, on one thread (the decode
