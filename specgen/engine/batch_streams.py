@@ -20,11 +20,14 @@ from specgen.draft.stats import RunStats
 from specgen.engine import batch_cost
 from specgen.engine.batch import Batch
 from specgen.engine.batch_cache import RaggedBatch, unbatchable
+from specgen.engine.curve_store import batch_calibration_file
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Engine, Request
 from specgen.engine.responses import Responder, Response
 
-_PRICED: dict[tuple, batch_cost.Pricing] = {}  # (model's calibration key, rows) -> its pricing
+# (model's calibration key, rows, calibration file) -> its pricing: another cache directory
+# (SPECGEN_CACHE_DIR changed in this process) is read, or measured into, on its own.
+_PRICED: dict[tuple, batch_cost.Pricing] = {}
 PROBE = ([3, 4, 5, 6, 7], [8, 9])  # two rows of different lengths (token ids any vocabulary has)
 
 
@@ -129,7 +132,7 @@ class Streams:
         """The model's batched step costs: read or measured once a process (measured again where
         its single-sequence curve was just measured again: --recalibrate, a new machine)."""
         loaded = self.engine.loaded
-        key = (loaded.calibration_key, self.batch.max_rows)
+        key = (loaded.calibration_key, self.batch.max_rows, batch_calibration_file())
         if key not in _PRICED:
             grid, warning = batch_cost.load_or_measure(
                 loaded.model, loaded.calibration_key, loaded.tokenizer, self.batch.max_rows,
