@@ -4,10 +4,10 @@
 rules and place in a ragged cache, batch_cache.py) and the waiting ones. Each `step` prefills up
 to one chunk's worth of prompt tokens (a piece of a long prompt, or several whole short ones, each
 on a cache of its own; a prompt joins the batch when done, so a long one does not freeze the
-running rows), then runs ONE forward pass over every active row's
-last token plus its draft, rows padded to the widest, and judges each row on its own as
-decode.generate does: a row emits the longest accepted prefix of its draft plus the model's next
-token, and keeps just those entries. Rows join and leave between steps.
+running rows), then runs ONE forward pass over every active row's last token plus its draft,
+rows padded to the widest, and judges each row on its own as decode.generate does: a row emits the
+longest accepted prefix of its draft plus the model's next token, and keeps just those entries.
+Rows join and leave between steps.
 
 Events are decode.generate's (`Prefilled`, then one `Step` per pass), tagged with the row's key,
 so a row's events read as a single-sequence run's. The emitted tokens are what plain decoding
