@@ -230,7 +230,8 @@ def test_a_grid_the_budget_cut_short_is_read_back_not_measured_again(stories, mo
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(batch_cost, "BUDGET_S", 0.0)  # one and two rows only, as on a slow machine
     measured = []
-    first, _ = load_or_measure(stories.model, "m", stories.tokenizer, 8, before_measuring=lambda: measured.append(1))
+    first, _ = load_or_measure(stories.model, "m", stories.tokenizer, 8,
+                               before_measuring=lambda: measured.append(1))
     assert max(first) == 2 and measured == [1]
     for rows in (8, 16):
         again, _ = load_or_measure(stories.model, "m", stories.tokenizer, rows,

@@ -143,8 +143,8 @@ def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibr
     grid = measure(model, list(tokenizer.encode(SAMPLE)) or [0], max_rows)
     cut = max(grid) < max(_counts(max_rows))
     try:
-        save_entry(path, key, {"grid": {str(b): {str(t): s for t, s in row.items()} for b, row in grid.items()},
-                               "cut": cut})
+        stored = {str(b): {str(t): s for t, s in row.items()} for b, row in grid.items()}
+        save_entry(path, key, {"grid": stored, "cut": cut})
     except OSError as e:
         return grid, f"cannot save the batch calibration to {path} ({e.strerror or e})"
     return grid, None
