@@ -3,8 +3,9 @@
 The schema is as strict as Anthropic's about what it defines (`"stream": "yes"` is a 400) and, as
 Anthropic's own API does for newer clients, takes fields and content blocks it does not know and
 ignores them. A request becomes the chat-template messages and tools that chat completions makes
-of the same conversation (so both give the same prompt and text); what a text model cannot
-honour (image and document blocks, forcing a tool) is a 400 naming it. Claude Code's billing
+of the same conversation (so both give the same prompt and text); with the tool choice's
+`disable_parallel_tool_use` only the first tool call the model writes is returned. What a text
+model cannot honour (image and document blocks, forcing a tool) is a 400 naming it. Claude Code's billing
 header, a system block that changes with every request, never reaches the prompt, so the next
 turn's prompt starts as this one's did and the prompt cache hits. A prompt that leaves no room to
 generate is Anthropic's 400 "input length and `max_tokens` exceed context limit: I + M > L"
@@ -70,7 +71,7 @@ class Tool(Lenient):
 class ToolChoice(Lenient):
     type: Literal["auto", "any", "tool", "none"]
     name: Optional[str] = None
-    disable_parallel_tool_use: Optional[bool] = None
+    disable_parallel_tool_use: Optional[bool] = None  # true: only the first tool call is returned
 
 
 class CountRequest(Lenient):
@@ -120,6 +121,11 @@ class MessagesRequest(CountRequest):
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     stream: Optional[bool] = None
+
+    @property
+    def one_tool_call(self) -> bool:
+        """Whether at most one tool call may be returned (disable_parallel_tool_use)."""
+        return bool(self.tool_choice and self.tool_choice.disable_parallel_tool_use)
 
     def generation(self, prompt_tokens: int, context: int | None, **known) -> Generation:
         """What this request asks of the engine, max_tokens clamped to the room the prompt leaves."""

@@ -151,7 +151,8 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         generation = body.generation(config.max_tokens, **known)
         ids, tools = await run_in_threadpool(chat_ids, engine, body)
         builder = ChatBuilder(body.model, chat=True, include_usage=generation.include_usage)
-        return await answer(request, ids, generation, Splitter(engine, ids, tools), builder)
+        splitter = Splitter(engine, ids, tools, one_call=body.parallel_tool_calls is False)
+        return await answer(request, ids, generation, splitter, builder)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HttpRequest):
@@ -165,7 +166,8 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     async def messages(body: MessagesRequest, request: HttpRequest):
         ids, tools = await run_in_threadpool(agent_ids, engine, *body.conversation())
         generation = body.generation(len(ids), context, **known)
-        return await answer(request, ids, generation, Splitter(engine, ids, tools), MessageBuilder(body.model))
+        splitter = Splitter(engine, ids, tools, one_call=body.one_tool_call)
+        return await answer(request, ids, generation, splitter, MessageBuilder(body.model))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountRequest):
@@ -178,7 +180,8 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         ids, tools = await run_in_threadpool(agent_ids, engine, messages, tools)
         generation = body.generation(len(fits(engine, ids, "input")), context, config.max_tokens, **known)
         builder = ResponseBuilder(body, custom, generation.options.temp)
-        return await answer(request, ids, generation, Splitter(engine, ids, tools), builder)
+        splitter = Splitter(engine, ids, tools, one_call=body.parallel_tool_calls is False)
+        return await answer(request, ids, generation, splitter, builder)
 
     return app
 

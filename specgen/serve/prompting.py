@@ -106,11 +106,14 @@ class Parts(NamedTuple):
 
 class Splitter:
     """Splits a generation's text into Parts as it comes (mlx-lm's TextStateMachine), parsing
-    each tool call once it is complete."""
+    each tool call once it is complete. With `one_call` (the request allows one call per turn:
+    parallel_tool_calls false, disable_parallel_tool_use) only the first call is kept: a model
+    cannot be made to write just one, so the calls after it are dropped."""
 
-    def __init__(self, engine: Engine, prompt: list[int], tools: list[dict] | None):
+    def __init__(self, engine: Engine, prompt: list[int], tools: list[dict] | None, *,
+                 one_call: bool = False):
         tokenizer = engine.loaded.tokenizer
-        self.tools, self.parser = tools, getattr(tokenizer, "tool_parser", None)
+        self.tools, self.parser, self.one_call = tools, getattr(tokenizer, "tool_parser", None), one_call
         special = getattr(tokenizer, "has_thinking", False) or (tools and getattr(tokenizer, "has_tool_calling", False))
         self.machine = make_text_state_machine(tokenizer) if special else None
         initial = "normal"
@@ -152,6 +155,10 @@ class Splitter:
             _log.warning("a tool call could not be parsed (%s: %s); it is returned as text", type(e).__name__, e)
             return calls, content + text
         for call in parsed if isinstance(parsed, list) else [parsed]:
+            if self.one_call and self.called:
+                _log.info("a further tool call (%s) was dropped: the request allows one per turn",
+                          call.get("name"))
+                continue
             arguments = call.get("arguments", {})
             calls.append({"index": self.called, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
                           "type": "function",

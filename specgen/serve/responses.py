@@ -8,7 +8,8 @@ message, input_text / output_text parts as text, function_call and custom_tool_c
 assistant's tool calls, their outputs as tool messages; reasoning items and hosted tools (web
 search, ...) are left out. Function tools go to the template as they are; a custom (free-form)
 tool as a function of one string, `input`, whose calls come back as custom_tool_call items with
-that raw input. What cannot be honoured is a 400 naming it: images and files, a stored
+that raw input; with `parallel_tool_calls` false only the first call the model writes is returned.
+What cannot be honoured is a 400 naming it: images and files, a stored
 conversation (`previous_response_id`, item references), forcing a tool, structured output.
 Without `max_output_tokens` (Codex sends none) the output is bounded by the room in the context.
 """
@@ -111,7 +112,7 @@ class ResponsesRequest(Lenient):
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     stream: Optional[bool] = None
-    parallel_tool_calls: Optional[bool] = None
+    parallel_tool_calls: Optional[bool] = None  # false: only the first tool call is returned
     store: Optional[bool] = None  # nothing is stored: previous_response_id is refused
     background: Optional[bool] = None
     previous_response_id: Optional[str] = None

@@ -228,7 +228,7 @@ class ChatRequest(_Common):
     max_completion_tokens: Optional[int] = None
     tools: Optional[list[Tool]] = None
     tool_choice: Union[Literal["none", "auto"], dict, None] = None
-    parallel_tool_calls: Optional[bool] = None
+    parallel_tool_calls: Optional[bool] = None  # false: only the first tool call is returned
     response_format: Optional[dict[str, Any]] = None
     modalities: Optional[list[str]] = None
     audio: Optional[dict[str, Any]] = None
