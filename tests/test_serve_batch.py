@@ -121,11 +121,11 @@ def test_a_job_whose_cache_cannot_be_kept_fails_alone(demo_engine):
     ask = {"model": "demo", "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 12}
     with running(demo_engine, max_batch=4) as (url, worker):
         assert isinstance(worker, BatchWorker)
-        before = client(url).chat.completions.create(**ask)
+        before = client(url, timeout=30).chat.completions.create(**ask)
         worker.prompts.store = once_failing(worker.prompts.store, MemoryError("no room for the cache"))
         with pytest.raises(openai.InternalServerError, match="no room for the cache"):
-            client(url).chat.completions.create(**ask)
-        after = client(url).chat.completions.create(**ask)
+            client(url, timeout=30).chat.completions.create(**ask)
+        after = client(url, timeout=30).chat.completions.create(**ask)
         assert worker.dead is None and worker.failed == 1 and worker.served == 2
     assert after.choices[0].message.content == before.choices[0].message.content
 
@@ -134,7 +134,7 @@ def test_a_job_whose_cancel_fails_fails_alone(demo_engine):
     ask = {"model": "demo", "messages": [{"role": "user", "content": PROMPTS[3]}], "max_tokens": 12}
     body = {**ask, "max_tokens": 400, "stream": True}
     with running(demo_engine, max_batch=4) as (url, worker):
-        before = client(url).chat.completions.create(**ask)
+        before = client(url, timeout=30).chat.completions.create(**ask)
         worker.streams.cancel = once_failing(worker.streams.cancel, RuntimeError("the row would not go"))
         with httpx.Client(timeout=30) as h, h.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             lines = r.iter_lines()
@@ -143,6 +143,6 @@ def test_a_job_whose_cancel_fails_fails_alone(demo_engine):
         deadline = time.monotonic() + 10
         while worker.failed == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        after = client(url).chat.completions.create(**ask)
+        after = client(url, timeout=30).chat.completions.create(**ask)
         assert worker.dead is None and worker.failed == 1 and worker.served == 2 and not worker.active
     assert after.choices[0].message.content == before.choices[0].message.content
