@@ -11,7 +11,7 @@ import time
 import httpx
 import openai
 import pytest
-from servers import client, running
+from servers import client, leave_mid_stream, running
 
 from specgen.serve.batch_worker import BatchWorker
 
@@ -102,6 +102,15 @@ def test_the_next_turn_from_a_batched_rows_cache_is_the_turn_from_nothing(demo_e
     assert again.choices[0].message.content == reply.choices[0].message.content
     assert cached.choices[0].message.content == fresh.choices[0].message.content
     assert cached.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_a_client_that_leaves_leaves_its_rows_cache_for_the_next_request(demo_engine):
+    body = {"model": "demo", "messages": [{"role": "user", "content": PROMPTS[4]}], "max_tokens": 400}
+    with running(demo_engine, max_batch=4) as (url, worker):
+        assert isinstance(worker, BatchWorker)
+        assert leave_mid_stream(url, worker, "/v1/chat/completions", body, lines=6) == 1
+        again = client(url, timeout=30).chat.completions.create(**{**body, "max_tokens": 2})
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
 
 
 def once_failing(method, error: Exception):

@@ -80,11 +80,11 @@ class BatchWorker(Worker):
         self.active[id(job)] = (job, prepared)
 
     def _drop_cancelled(self) -> None:
-        for key, (job, _) in list(self.active.items()):
+        for key, (job, prepared) in list(self.active.items()):
             if job.cancelled.is_set():
                 del self.active[key]  # first: should cancel fail, the row's responses are ignored
-                try:
-                    self.streams.cancel(key)
+                try:  # what it generated stays in the caches, as worker.py keeps a cancelled job's
+                    self._keep(job, prepared, self.streams.cancel(key))
                 except Exception as e:  # this request's failure, reported to it alone
                     self._failed(job, e)
                     continue
