@@ -24,12 +24,10 @@ _log = logging.getLogger("specgen.serve")
 class BatchWorker(Worker):
     """A Worker that runs up to `max_batch` jobs at once (`running` is one of them, if any)."""
 
-    def __init__(self, engine: Engine, *, max_queue: int, prompt_cache_bytes: int, max_batch: int,
-                 prefill_chunk: int | None = None):
+    def __init__(self, engine: Engine, *, max_queue: int, prompt_cache_bytes: int, max_batch: int):
         super().__init__(engine, max_queue=max_queue, prompt_cache_bytes=prompt_cache_bytes)
         self.max_batch = max_batch
-        self._chunk = {"prefill_chunk": prefill_chunk} if prefill_chunk else {}
-        self.streams = Streams(engine, max_rows=max_batch, **self._chunk)
+        self.streams = Streams(engine, max_rows=max_batch)
         self.active: dict[int, tuple[Job, Prepared]] = {}  # id(job) -> the job and its request
 
     def _run(self) -> None:
@@ -98,7 +96,7 @@ class BatchWorker(Worker):
             for job, _ in self.active.values():
                 self._failed(job, e)
             self.active.clear()
-            self.streams = Streams(self.engine, max_rows=self.max_batch, **self._chunk)
+            self.streams = Streams(self.engine, max_rows=self.max_batch)
             return
         for key, response in responses:
             if key not in self.active:  # a row whose cancel failed: its job was already told
