@@ -22,7 +22,7 @@ from specgen.engine import registry
 from specgen.errors import SettingError
 
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
-PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts"
+PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
 needs_smollm2 = pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")
 ONCE = "Once upon a time, there was a little girl named Lily. She loved to play outside"
 

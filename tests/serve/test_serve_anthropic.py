@@ -17,7 +17,7 @@ import pytest
 from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers
 from servers import anthropic_client, client, leave_mid_stream, running
 
-REQUESTS = Path(__file__).parent / "agents" / "requests"  # what Claude Code really sent
+REQUESTS = Path(__file__).resolve().parents[1] / "agents" / "requests"  # what Claude Code really sent
 ORDER = re.compile(r"message_start (content_block_start (content_block_delta )+content_block_stop )*"
                    r"message_delta message_stop")
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers, reciting_engine
 from servers import client, leave_mid_stream, running
 
-REQUESTS = Path(__file__).parent / "agents" / "requests"  # what Codex really sent
+REQUESTS = Path(__file__).resolve().parents[1] / "agents" / "requests"  # what Codex really sent
 
 
 def codex(name: str, **changes) -> dict:

@@ -17,7 +17,7 @@ from specgen.draft.traces import load_tokenizer, read_traces
 
 runner = CliRunner()
 CYCLE_PROMPT = [1, 2, 3, 4] * 2
-STEPS = Path(__file__).parent / "data" / "simulate_steps.json"
+STEPS = Path(__file__).resolve().parents[1] / "data" / "simulate_steps.json"
 
 
 def test_replay_counts_steps_exactly_with_the_fixed_drafter():

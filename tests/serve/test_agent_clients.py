@@ -28,7 +28,7 @@ from servers import running
 from specgen.engine import calibrate
 from specgen.engine.engine import Engine
 
-AGENTS = Path(__file__).parent / "agents"
+AGENTS = Path(__file__).resolve().parents[1] / "agents"
 KEY = "sk-specgen-test"
 PROMPT = "Say hello."
 CLIENT_S = 300  # one client run, start to exit
