@@ -1,5 +1,5 @@
 """Many requests through one batch (batch.py), each set up and answered as `Engine.stream` sets
-up and answers it alone (Engine.plan, responses.Responder): the surface that the server's worker
+up and answers it alone (Engine.plan, responder.Responder): the surface that the server's worker
 and `run --prompts --batch` drive, one thread stepping it.
 
 Drafts are priced by the measured cost of a batched step (batch_cost.py, measured once per model
@@ -23,7 +23,7 @@ from specgen.engine.batch_cache import RaggedBatch, unbatchable
 from specgen.engine.curve_store import batch_calibration_file
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Engine, Request
-from specgen.engine.responses import Responder, Response
+from specgen.engine.responder import Responder, Response
 
 # (model's calibration key, rows, calibration file) -> its pricing: another cache directory
 # (SPECGEN_CACHE_DIR changed in this process) is read, or measured into, on its own.

@@ -3,7 +3,7 @@
 `Engine` owns one model (weights, tokenizer, stop tokens, context length), its measured verify
 cost (measured at most once per engine, before the first request that drafts) and its memory of
 earlier outputs. `Engine.stream(Request)` runs decode.generate on the request's `plan` and turns
-its steps into one `Response` per token (responses.py): mlx-lm's GenerationResponse, with
+its steps into one `Response` per token (responder.py): mlx-lm's GenerationResponse, with
 specgen's running `stats`; the batch engine (batch_streams.py) uses the same plan and responses. The CLI,
 batch runs, the Python API (api/generate.py) and the server all call it, so they cannot disagree on
 defaults, stop tokens or drafting.
@@ -26,7 +26,7 @@ from specgen.engine import decode, registry
 from specgen.engine.mode import DraftMode
 from specgen.engine.options import Options
 from specgen.engine.prompts import encode_prompt
-from specgen.engine.responses import Responder, Response
+from specgen.engine.responder import Responder, Response
 from specgen.engine.sampling import Selector, make_selector
 
 _log = logging.getLogger("specgen")
