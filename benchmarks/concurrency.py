@@ -105,6 +105,7 @@ def level_row(clients: int, rounds: dict[str, list[list[dict]]]) -> dict:
     flat = {k: [r for rnd in v for r in rnd] for k, v in rounds.items()}
     row = {"clients": clients, "rounds": len(ratios), "speedup_median": round(statistics.median(ratios), 3),
            "speedup_min": round(min(ratios), 3), "speedup_max": round(max(ratios), 3),
+           "round_speedups": [round(r, 3) for r in ratios],
            "identical": all(a["text"] == b["text"] for a, b in zip(flat["specgen"], flat["mlx_lm"]))}
     for k, reqs in flat.items():
         gaps = [g for r in reqs for g in r["gaps"]]
@@ -115,8 +116,9 @@ def level_row(clients: int, rounds: dict[str, list[list[dict]]]) -> dict:
     return row
 
 
-def serving(model: str, levels: list[int], rounds: int, max_tokens: int, max_batch: int | None) -> list[dict]:
-    pool, n, rows = prompt_pool(), 0, []
+def serving(model: str, levels: list[int], rounds: int, max_tokens: int, max_batch: int | None,
+            long: bool = True, first: int = 0) -> list[dict]:
+    pool, n, rows = prompt_pool(), first, []
     extra = ["--max-batch", str(max_batch)] if max_batch else []
     servers = {name: start(name, model, Path(f"/tmp/bench-concurrency-{name}.log"), extra if name == "specgen" else [])
                for name in SERVERS}
@@ -134,8 +136,9 @@ def serving(model: str, levels: list[int], rounds: int, max_tokens: int, max_bat
                     per[k].append(at_once(clients[k], prompts, max_tokens))
             rows.append(level_row(clients_at_once, per))
             print(json.dumps(rows[-1]), flush=True)
-        rows.append(long_prefill(clients, pool, n, max_tokens))
-        print(json.dumps(rows[-1]), flush=True)
+        if long:
+            rows.append(long_prefill(clients, pool, n, max_tokens))
+            print(json.dumps(rows[-1]), flush=True)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
@@ -215,6 +218,9 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--batch-prompts", type=int, default=64)
     ap.add_argument("--batch-rounds", type=int, default=2)
+    ap.add_argument("--first", type=int, default=0,
+                    help="number requests from here (the same numbers on fresh servers ask the same questions)")
+    ap.add_argument("--no-long", action="store_true", help="skip the short-during-long-prefill measurement")
     ap.add_argument("--only", choices=["serve", "batch"], help="run one part only")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "concurrency.jsonl"))
     args = ap.parse_args()
@@ -222,7 +228,7 @@ def main():
     (Path.home() / ".cache" / "huggingface" / "hub").mkdir(parents=True, exist_ok=True)  # mlx_lm's /v1/models
     rows = []
     if args.only != "batch":
-        rows += serving(model, args.levels, args.rounds, args.max_tokens, args.max_batch)
+        rows += serving(model, args.levels, args.rounds, args.max_tokens, args.max_batch, not args.no_long, args.first)
     if args.only != "serve":
         rows.append(batch_job(model, args.batch_prompts, args.batch, args.max_tokens, args.batch_rounds))
         print(json.dumps(rows[-1]), flush=True)

@@ -25,7 +25,7 @@ EXIT_OK, EXIT_SOME_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
 def run_batch(engine: Engine, opts: Options, source: str, output: str | None, *, raw: bool = False,
-              system: str | None = None, say, batch: int = defaults.MAX_BATCH) -> int:
+              system: str | None = None, say, batch: int = defaults.BATCH) -> int:
     """Run every prompt of `source` (a path, or '-' for stdin), up to `batch` at once; return the
     exit status: 0, or 1 when some lines or prompts failed (each failure is a result line with an
     "error")."""

@@ -34,7 +34,7 @@ _NOT_OFFERED = ("prompt_caches", "return_prompt_caches", "return_logprobs", "max
 def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
                    max_tokens: int | Sequence[int] = defaults.BATCH_MAX_TOKENS, verbose: bool = False, *,
                    return_token_ids: bool = False, sampler=None, logits_processors=None,
-                   completion_batch_size: int = defaults.MAX_BATCH, prefill_step_size: int = PREFILL_CHUNK,
+                   completion_batch_size: int = defaults.BATCH, prefill_step_size: int = PREFILL_CHUNK,
                    stop: str | Sequence[str] = (), seed: int | Sequence[int] | None = None,
                    **options) -> BatchResponse:
     """Generate from every prompt (strings or token ids), up to `completion_batch_size` at once,

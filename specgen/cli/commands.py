@@ -60,7 +60,7 @@ def run(
     output: Optional[str] = typer.Option(None, "-o", "--output", show_default=False,
                                          help="With --prompts: append results to this JSONL file; run again to resume (ids already there are skipped)."),
     batch_rows: Optional[int] = typer.Option(None, "--batch", show_default=False,
-                                             help=f"With --prompts: decode up to N prompts together, each speculating (1 = one at a time). Default: {defaults.MAX_BATCH}."),
+                                             help=f"With --prompts: decode up to N prompts together, each speculating (1 = one at a time). Default: {defaults.BATCH}."),
     predict: Optional[str] = typer.Option(None, "--predict", show_default=False,
                                           help="A file with text the output is expected to repeat (e.g. the file being edited): drafts come from it; the output is unchanged."),
     max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens to generate."),
@@ -117,7 +117,7 @@ def run(
         from specgen.api.batch_run import run_batch
 
         raise typer.Exit(run_batch(engine, opts, prompts, output, raw=raw, system=system, say=say,
-                                   batch=defaults.MAX_BATCH if batch_rows is None else batch_rows))
+                                   batch=defaults.BATCH if batch_rows is None else batch_rows))
     ids = shared_ints(group, lambda: engine.encode(
         text if text is not None else read_prompt(prompt, file, io.StringIO()), raw=raw, system=system))
     stats = RunStats()

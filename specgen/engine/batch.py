@@ -180,8 +180,8 @@ class Batch:
     def _drafts(self) -> list[list[int]]:
         """Each row's draft for this step. A row alone drafts by its drafter's own cost (the
         single-sequence curve); with more rows, adaptive drafters weigh drafts by what a step
-        costs at this many rows, and stay silent where no draft pays at this size (fixed-length
-        drafters draft as told). Every row pays for the widest draft, so the step's width is then
+        costs at this many rows over this many cache slots, and stay silent where no draft pays
+        there (fixed-length drafters draft as told). Every row pays for the widest draft, so the step's width is then
         the one that yields the most tokens for its cost over all rows, and longer drafts are
         drafted again to fit it."""
         rows = len(self.rows)
@@ -189,14 +189,15 @@ class Batch:
             for r in self.rows:
                 _price(r.drafter, r.own_cost)
             return [r.draft(on=True) for r in self.rows]
-        cost = self.pricing.drafting(rows)
+        slots = self.cache.slots.end
+        cost = self.pricing.drafting(rows, slots)
         drafts = []
         for r in self.rows:
             priced = r.own_cost is not None
             if priced and cost is not None:
                 _price(r.drafter, cost)
             drafts.append(r.draft(on=not priced or cost is not None))
-        k = _best_width([r.acceptance for r in self.rows], [len(d) for d in drafts], self.pricing.step(rows))
+        k = _best_width([r.acceptance for r in self.rows], [len(d) for d in drafts], self.pricing.step(rows, slots))
         return [d if len(d) <= k else r.draft(on=True, most=k) for r, d in zip(self.rows, drafts)]
 
     def _confirm(self, i: int, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:

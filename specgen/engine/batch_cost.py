@@ -1,9 +1,8 @@
 """What a batched step costs by rows and positions per row, and the draft pricing that follows.
 
-A step over B rows of T positions each is timed on a ragged batch (batch_cache.py) for a few
-row counts and widths, within a budget of seconds, once per model and machine (cached beside the
-single-sequence curve; a grid the budget cut short is kept as it is: measuring again would cut it
-again). `Pricing` turns the grid into what the batch engine asks each step: at
+A step over B rows of T positions each is timed on a ragged batch (batch_cache.py) for every
+row count up to the batch's largest, at the widths a draft could pay at, once per model and
+machine (cached beside the single-sequence curve; a larger batch later adds row counts). `Pricing` turns the grid into what the batch engine asks each step: at
 B rows, the cost of k + 1 positions per row relative to a plain batched step (cost.py's curve
 rules), and whether any draft can pay at that size (if not, the step is plain batched decoding).
 """
@@ -16,7 +15,7 @@ from bisect import bisect_left
 from typing import Callable, NamedTuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from specgen.draft.length import CostFn
 from specgen.engine.batch_cache import RaggedBatch
@@ -24,19 +23,40 @@ from specgen.engine.calibrate import CANNOT_PAY, CONTEXT, SAMPLE, machine_id
 from specgen.engine.cost import Curve, cost_function, relative, unprofitable
 from specgen.engine.curve_store import batch_calibration_file, read_store, save_entry
 
-ROWS = (1, 2, 4, 8, 16)  # row counts that may be timed (up to the batch's largest)
+ROWS = (1, 2, 4, 8, 16, 32)  # row counts that may be timed (up to the batch's largest)
 WIDTHS = (1, 2, 4, 8)  # positions per row that may be timed (cost.py extrapolates past them)
-BUDGET_S = 4.0  # about how long the grid may take; rows are timed in increasing order within it
+BUDGET_S = 4.0  # about how long the rounds past the fewest may take, over all row counts
 ROUNDS = (3, 25)  # fewest and most rounds of every width, for each row count
+LONG = 1024  # cache slots of the second timing, which prices the slots a step attends over
+BUCKET = 128  # slots are priced in steps of this many (drafters rebuild their tables per price)
 
 Grid = dict[int, dict[int, float]]  # rows -> positions per row -> seconds of a step
 
 
-def measure(model, sample: list[int], max_rows: int, budget_s: float | None = None) -> Grid:
+class Measured(NamedTuple):
+    """A grid timed over a cache of CONTEXT slots, and what each further slot adds to a step:
+    `slot_s` seconds per row, plus `position_slot_s` per row and position. (Every row attends over
+    the whole buffer: on a CPU a wide step over 8 rows costs 2.9x a plain one at 32 slots and
+    4.3x at 1024; docs/design.md.)"""
+
+    grid: Grid
+    slot_s: float = 0.0
+    position_slot_s: float = 0.0
+
+    def seconds(self, rows: int, slots: int) -> dict[int, float]:
+        """The grid's widths at the grid's row count `rows`, over `slots` cache slots."""
+        more = max(0, slots - CONTEXT) * rows
+        return {w: s + more * (self.slot_s + w * self.position_slot_s) for w, s in self.grid[rows].items()}
+
+
+def measure(model, sample: list[int], max_rows: int, budget_s: float | None = None) -> Measured:
     """Seconds of a step over B rows x T positions (with the argmax read back, as a step does),
-    for B in ROWS up to `max_rows` while the budget lasts (one and two rows always). Widths are
-    timed in increasing order, no wider once one costs nearly as much as that many plain steps
-    (no draft that wide can pay: calibrate.CANNOT_PAY); each is the median of its rounds."""
+    for every B in ROWS up to `max_rows` (a size left out would be priced as a smaller one, and
+    its drafts be too long). Widths are timed in increasing order, no wider once one costs nearly
+    as much as that many plain steps (no draft that wide can pay: calibrate.CANNOT_PAY), which
+    bounds the dear large sizes; each is the median of ROUNDS[0] rounds, or more while the budget
+    lasts. Then two rows over LONG slots (the entries copied over, not computed: only the shapes
+    matter) at the narrowest and widest width give the cost of a slot."""
     budget_s = BUDGET_S if budget_s is None else budget_s
     tokens = (sample * CONTEXT)[:CONTEXT]
     solo = make_prompt_cache(model)
@@ -60,14 +80,34 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
             for w, taken in times.items():
                 taken.append(step(w))
         grid[rows] = {w: statistics.median(v) for w, v in times.items()}
-        if n >= 1 and time.perf_counter() - start + 2 * ROUNDS[0] * sum(grid[rows].values()) > budget_s:
-            break  # the next row count (twice as many) would not fit
-    return grid
+    return Measured(grid, *_per_slot(model, solo, tokens, grid[2]))
+
+
+def _per_slot(model, solo: list, tokens: list[int], two: dict[int, float]) -> tuple[float, float]:
+    """(seconds per row per slot, and per row, position and slot) that LONG slots add to the
+    steps `two` timed over two rows of CONTEXT slots, at its narrowest and widest width."""
+    long = []
+    for c in solo:
+        kv = KVCache()
+        reps = -(-LONG // c.offset)
+        kv.keys, kv.values = (mx.concatenate([x[..., : c.offset, :]] * reps, axis=2)[..., :LONG, :]
+                              for x in (c.keys, c.values))
+        kv.offset = LONG
+        long.append(kv)
+    step = _timer(model, long, 2, tokens)
+    step(1)  # warm-up
+    wide = max(two)
+    extra = {w: max(0.0, statistics.median(step(w) for _ in range(ROUNDS[0])) - two[w]) / (2 * (LONG - CONTEXT))
+             for w in (1, wide)}
+    per_position = max(0.0, (extra[wide] - extra[1]) / (wide - 1))
+    return max(0.0, extra[1] - per_position), per_position
 
 
 def _counts(max_rows: int) -> list[int]:
-    """The row counts a grid for batches of up to `max_rows` rows times (budget permitting)."""
-    return [r for r in ROWS if r <= max(max_rows, 2)]
+    """The row counts a grid for batches of up to `max_rows` rows times: ROWS up to the first at or
+    past it (a batch between two is priced as the larger), two at least."""
+    n = next((i for i, r in enumerate(ROWS) if r >= max(max_rows, 2)), len(ROWS) - 1)
+    return list(ROWS[: n + 1])
 
 
 def _timer(model, solo: list, rows: int, tokens: list[int]) -> Callable[[int], float]:
@@ -88,63 +128,62 @@ def _timer(model, solo: list, rows: int, tokens: list[int]) -> Callable[[int], f
 
 
 class Pricing:
-    """What a batched step costs, by rows (the grid's row count at or above, the largest past it):
-    `step(rows)(k)` is a step of k + 1 positions per row relative to a plain one; `drafting(rows)`
-    is the cost drafters weigh drafts with there, or None where drafting cannot pay at that size
-    (cost.unprofitable): the step is then plain batched decoding."""
+    """What a batched step costs, by rows (the grid's row count at or above, the largest past it)
+    and the cache slots it attends over (rounded up to BUCKET): `step(rows, slots)(k)` is a step
+    of k + 1 positions per row relative to a plain one; `drafting(rows, slots)` is the cost
+    drafters weigh drafts with there, or None where drafting cannot pay (cost.unprofitable): the
+    step is then plain batched decoding."""
 
-    def __init__(self, grid: Grid):
-        self.sizes = sorted(grid)
-        self._step = {rows: cost_function(relative(grid[rows])) for rows in self.sizes}
-        self._drafting = {rows: None if unprofitable(Curve(relative(grid[rows]))) else self._step[rows]
-                          for rows in self.sizes}
+    def __init__(self, measured: Measured):
+        self.measured = measured
+        self.sizes = sorted(measured.grid)
+        self._priced: dict[tuple[int, int], tuple[CostFn, CostFn | None]] = {}
 
-    def _size(self, rows: int) -> int:
-        return self.sizes[min(bisect_left(self.sizes, rows), len(self.sizes) - 1)]
+    def _at(self, rows: int, slots: int) -> tuple[CostFn, CostFn | None]:
+        size = self.sizes[min(bisect_left(self.sizes, rows), len(self.sizes) - 1)]
+        key = (size, -(-max(slots, 1) // BUCKET) * BUCKET)
+        if key not in self._priced:
+            curve = relative(self.measured.seconds(*key))
+            step = cost_function(curve)
+            self._priced[key] = (step, None if unprofitable(Curve(curve)) else step)
+        return self._priced[key]
 
-    def step(self, rows: int) -> CostFn:
-        return self._step[self._size(rows)]
+    def step(self, rows: int, slots: int = 0) -> CostFn:
+        return self._at(rows, slots)[0]
 
-    def drafting(self, rows: int) -> CostFn | None:
-        return self._drafting[self._size(rows)]
-
-
-class Stored(NamedTuple):
-    """A cached grid, and whether the budget ended it before the row counts asked for."""
-
-    grid: Grid
-    cut: bool
+    def drafting(self, rows: int, slots: int = 0) -> CostFn | None:
+        return self._at(rows, slots)[1]
 
 
-def _valid(entry) -> Stored | None:
+def _valid(entry) -> Measured | None:
     try:
         grid = {int(b): {int(t): float(s) for t, s in row.items()} for b, row in entry["grid"].items()}
-        cut = entry["cut"]
+        per_slot = float(entry["slot_s"]), float(entry["position_slot_s"])
     except (AttributeError, KeyError, ValueError, TypeError):
         return None
-    ok = grid and isinstance(cut, bool) and all(
-        1 in row and len(row) >= 2 and all(s > 0 for s in row.values()) for row in grid.values())
-    return Stored(grid, cut) if ok else None
+    ok = grid and all(1 in row and len(row) >= 2 and all(s > 0 for s in row.values()) for row in grid.values())
+    return Measured(grid, *per_slot) if ok and min(per_slot) >= 0 else None
 
 
 def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibrate: bool = False,
-                    before_measuring=lambda: None) -> tuple[Grid, str | None]:
-    """This model's grid on this machine from the cache, or measured and cached (enough rows for
-    `max_rows`, or as many as the budget allowed); and a warning where the cache cannot be written."""
+                    before_measuring=lambda: None) -> tuple[Measured, str | None]:
+    """This model's step costs on this machine from the cache, or measured and cached (the row
+    counts for `max_rows`: a cached grid of fewer is measured again); and a warning where the
+    cache cannot be written."""
     path = batch_calibration_file()
     key = f"{model_key}|{machine_id()}"
     try:
         cached = None if recalibrate else _valid(read_store(path).get(key))
     except (OSError, ValueError):
         cached = None
-    if cached is not None and (cached.cut or max(cached.grid) >= max(_counts(max_rows))):
-        return cached.grid, None
+    if cached is not None and set(_counts(max_rows)) <= set(cached.grid):
+        return cached, None
     before_measuring()
-    grid = measure(model, list(tokenizer.encode(SAMPLE)) or [0], max_rows)
-    cut = max(grid) < max(_counts(max_rows))
+    measured = measure(model, list(tokenizer.encode(SAMPLE)) or [0], max_rows)
     try:
-        stored = {str(b): {str(t): s for t, s in row.items()} for b, row in grid.items()}
-        save_entry(path, key, {"grid": stored, "cut": cut})
+        stored = {str(b): {str(t): s for t, s in row.items()} for b, row in measured.grid.items()}
+        save_entry(path, key, {"grid": stored, "slot_s": measured.slot_s,
+                               "position_slot_s": measured.position_slot_s})
     except OSError as e:
-        return grid, f"cannot save the batch calibration to {path} ({e.strerror or e})"
-    return grid, None
+        return measured, f"cannot save the batch calibration to {path} ({e.strerror or e})"
+    return measured, None

@@ -134,7 +134,7 @@ class Streams:
         loaded = self.engine.loaded
         key = (loaded.calibration_key, self.batch.max_rows, batch_calibration_file())
         if key not in _PRICED:
-            grid, warning = batch_cost.load_or_measure(
+            measured, warning = batch_cost.load_or_measure(
                 loaded.model, loaded.calibration_key, loaded.tokenizer, self.batch.max_rows,
                 recalibrate=self.engine.costs().fresh,
                 before_measuring=lambda: self.engine.progress(
@@ -142,5 +142,5 @@ class Streams:
                     "per model; a few seconds) ..."))
             if warning:
                 self.engine.notice(warning)
-            _PRICED[key] = batch_cost.Pricing(grid)
+            _PRICED[key] = batch_cost.Pricing(measured)
         return _PRICED[key]

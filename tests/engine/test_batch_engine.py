@@ -13,7 +13,7 @@ from specgen.draft.events import Prefilled, Step
 from specgen.engine import batch_cache, batch_cost
 from specgen.engine.batch import Batch
 from specgen.engine.batch_cache import unbatchable
-from specgen.engine.batch_cost import Pricing, load_or_measure, measure
+from specgen.engine.batch_cost import Measured, Pricing, load_or_measure, measure
 from specgen.engine.sampling import make_selector
 from specgen.errors import InputError
 
@@ -75,8 +75,8 @@ def batched(batch: Batch, rows: list[dict], arrive: list[int], cancel: dict[int,
 
 
 # Steps of more rows cost more per position: drafts are priced by rows and cut to the step's width.
-STEEPER = Pricing({1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, 2: {1: 1.0, 2: 1.3, 4: 1.8, 8: 3.0},
-                   4: {1: 1.0, 2: 1.4, 4: 2.2, 8: 4.0}})
+STEEPER = Pricing(Measured({1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, 2: {1: 1.0, 2: 1.3, 4: 1.8, 8: 3.0},
+                            4: {1: 1.0, 2: 1.4, 4: 2.2, 8: 4.0}}))
 
 
 @pytest.mark.parametrize("pricing", [None, STEEPER], ids=["own-costs", "priced-by-rows"])
@@ -217,27 +217,37 @@ def test_events_read_as_a_single_sequence_run(stories):
 
 
 def test_pricing_drafts_where_a_wider_step_pays_and_not_where_it_does_not(stories):
-    price = Pricing({1: {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8}, 8: {1: 2.0, 2: 4.0, 4: 8.0}})
+    price = Pricing(Measured({1: {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8}, 8: {1: 2.0, 2: 4.0, 4: 8.0}}))
     assert price.drafting(1)(3) == pytest.approx(1.3) and price.drafting(1)(1) == pytest.approx(1.1)
     # Dearer sizes (the next measured size up, the largest past it): no drafts, plain steps.
     assert price.drafting(2) is None and price.drafting(8) is None and price.drafting(64) is None
     assert price.step(8)(1) == pytest.approx(2.0)
-    grid = measure(stories.model, stories.tokenizer.encode(STORY), max_rows=4, budget_s=0.5)
-    assert {1, 2} <= set(grid) and all(row[1] > 0 and len(row) >= 2 for row in grid.values())
+    measured = measure(stories.model, stories.tokenizer.encode(STORY), max_rows=4, budget_s=0.5)
+    assert sorted(measured.grid) == [1, 2, 4] and all(row[1] > 0 and len(row) >= 2 for row in measured.grid.values())
+    assert measured.slot_s >= 0 and measured.position_slot_s >= 0
 
 
-def test_a_grid_the_budget_cut_short_is_read_back_not_measured_again(stories, monkeypatch, tmp_path):
+def test_drafts_that_pay_over_a_short_cache_do_not_over_a_long_one():
+    # Every row attends over the whole buffer: each slot adds to a wide step more than to a plain one.
+    curve = {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8}
+    price = Pricing(Measured({1: curve, 2: curve}, slot_s=0.0, position_slot_s=2e-4))
+    assert 1.1 < price.drafting(2, 32)(1) < 1.2
+    assert price.step(2, 4096)(1) > 1.5 and price.drafting(2, 4096) is None
+    assert Pricing(Measured({1: curve, 2: curve})).drafting(2, 4096)(1) == pytest.approx(1.1)
+
+
+def test_a_grid_covers_every_row_count_of_the_batch_and_is_read_back(stories, monkeypatch, tmp_path):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(batch_cost, "BUDGET_S", 0.0)  # one and two rows only, as on a slow machine
+    monkeypatch.setattr(batch_cost, "BUDGET_S", 0.0)  # the fewest rounds, as on a slow machine
     measured = []
     first, _ = load_or_measure(stories.model, "m", stories.tokenizer, 8,
                                before_measuring=lambda: measured.append(1))
-    assert max(first) == 2 and measured == [1]
-    for rows in (8, 16):
+    # Even with no budget to spare: a size left out would be priced as a smaller one.
+    assert sorted(first.grid) == [1, 2, 4, 8] and measured == [1]
+    for rows in (2, 5, 8):
         again, _ = load_or_measure(stories.model, "m", stories.tokenizer, rows,
                                    before_measuring=lambda: measured.append(2))
         assert again == first and measured == [1]
-    # A full grid for two rows does not do for eight: the budget did not end it.
-    load_or_measure(stories.model, "n", stories.tokenizer, 2, before_measuring=lambda: measured.append(3))
-    load_or_measure(stories.model, "n", stories.tokenizer, 8, before_measuring=lambda: measured.append(4))
-    assert measured == [1, 3, 4]
+    # Twelve rows are priced as sixteen: the grid gains that size.
+    more, _ = load_or_measure(stories.model, "m", stories.tokenizer, 12, before_measuring=lambda: measured.append(3))
+    assert sorted(more.grid) == [1, 2, 4, 8, 16] and measured == [1, 3]
