@@ -181,9 +181,9 @@ class Batch:
         """Each row's draft for this step. A row alone drafts by its drafter's own cost (the
         single-sequence curve); with more rows, adaptive drafters weigh drafts by what a step
         costs at this many rows over this many cache slots, and stay silent where no draft pays
-        there (fixed-length drafters draft as told). Every row pays for the widest draft, so the step's width is then
-        the one that yields the most tokens for its cost over all rows, and longer drafts are
-        drafted again to fit it."""
+        there (fixed-length drafters draft as told). Every row pays for the widest draft, so the
+        step's width is then the one that yields the most tokens for its cost over all rows, and
+        longer drafts are drafted again to fit it."""
         rows = len(self.rows)
         if self.pricing is None or rows == 1:
             for r in self.rows:
@@ -197,7 +197,8 @@ class Batch:
             if priced and cost is not None:
                 _price(r.drafter, cost)
             drafts.append(r.draft(on=not priced or cost is not None))
-        k = _best_width([r.acceptance for r in self.rows], [len(d) for d in drafts], self.pricing.step(rows, slots))
+        k = _best_width([r.acceptance for r in self.rows], [len(d) for d in drafts],
+                        self.pricing.step(rows, slots))
         return [d if len(d) <= k else r.draft(on=True, most=k) for r, d in zip(self.rows, drafts)]
 
     def _confirm(self, i: int, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:

@@ -1,10 +1,12 @@
 """What a batched step costs by rows and positions per row, and the draft pricing that follows.
 
 A step over B rows of T positions each is timed on a ragged batch (batch_cache.py) for every
-row count up to the batch's largest, at the widths a draft could pay at, once per model and
-machine (cached beside the single-sequence curve; a larger batch later adds row counts). `Pricing` turns the grid into what the batch engine asks each step: at
-B rows, the cost of k + 1 positions per row relative to a plain batched step (cost.py's curve
-rules), and whether any draft can pay at that size (if not, the step is plain batched decoding).
+row count up to the batch's largest, at the widths a draft could pay at, and at two rows over a
+long cache, once per model and machine (cached beside the single-sequence curve; a larger batch
+later adds row counts). `Pricing` turns that into what the batch engine asks each step: at B rows
+over S cache slots, the cost of k + 1 positions per row relative to a plain batched step
+(cost.py's curve rules), and whether any draft can pay there (if not, the step is plain batched
+decoding).
 """
 
 from __future__ import annotations
@@ -97,8 +99,8 @@ def _per_slot(model, solo: list, tokens: list[int], two: dict[int, float]) -> tu
     step = _timer(model, long, 2, tokens)
     step(1)  # warm-up
     wide = max(two)
-    extra = {w: max(0.0, statistics.median(step(w) for _ in range(ROUNDS[0])) - two[w]) / (2 * (LONG - CONTEXT))
-             for w in (1, wide)}
+    extra = {w: max(0.0, statistics.median(step(w) for _ in range(ROUNDS[0])) - two[w])
+             / (2 * (LONG - CONTEXT)) for w in (1, wide)}
     per_position = max(0.0, (extra[wide] - extra[1]) / (wide - 1))
     return max(0.0, extra[1] - per_position), per_position
 
@@ -161,7 +163,8 @@ def _valid(entry) -> Measured | None:
         per_slot = float(entry["slot_s"]), float(entry["position_slot_s"])
     except (AttributeError, KeyError, ValueError, TypeError):
         return None
-    ok = grid and all(1 in row and len(row) >= 2 and all(s > 0 for s in row.values()) for row in grid.values())
+    ok = grid and all(1 in row and len(row) >= 2 and all(s > 0 for s in row.values())
+                      for row in grid.values())
     return Measured(grid, *per_slot) if ok and min(per_slot) >= 0 else None
 
 

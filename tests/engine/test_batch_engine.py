@@ -223,7 +223,8 @@ def test_pricing_drafts_where_a_wider_step_pays_and_not_where_it_does_not(storie
     assert price.drafting(2) is None and price.drafting(8) is None and price.drafting(64) is None
     assert price.step(8)(1) == pytest.approx(2.0)
     measured = measure(stories.model, stories.tokenizer.encode(STORY), max_rows=4, budget_s=0.5)
-    assert sorted(measured.grid) == [1, 2, 4] and all(row[1] > 0 and len(row) >= 2 for row in measured.grid.values())
+    assert sorted(measured.grid) == [1, 2, 4]
+    assert all(row[1] > 0 and len(row) >= 2 for row in measured.grid.values())
     assert measured.slot_s >= 0 and measured.position_slot_s >= 0
 
 
@@ -249,5 +250,6 @@ def test_a_grid_covers_every_row_count_of_the_batch_and_is_read_back(stories, mo
                                    before_measuring=lambda: measured.append(2))
         assert again == first and measured == [1]
     # Twelve rows are priced as sixteen: the grid gains that size.
-    more, _ = load_or_measure(stories.model, "m", stories.tokenizer, 12, before_measuring=lambda: measured.append(3))
+    more, _ = load_or_measure(stories.model, "m", stories.tokenizer, 12,
+                              before_measuring=lambda: measured.append(3))
     assert sorted(more.grid) == [1, 2, 4, 8, 16] and measured == [1, 3]
