@@ -82,7 +82,9 @@ def test_a_cache_that_cannot_be_written_is_a_warning_not_a_lost_result(tmp_path,
     r = invoke(args, blocked)
     assert r.exit_code == 0, r.stderr
     assert r.stdout.strip() and (json.loads(r.stdout)["generated_tokens"] == 12 if json_out else True)
-    warnings = [line for line in r.stderr.splitlines() if "warning" in line]
+    # The demo's measured verify cost decides whether a "speculation off" notice comes too (it did
+    # once in CI, under load): a verdict on this machine's timing, not on the cache.
+    warnings = [line for line in r.stderr.splitlines() if "warning" in line and "speculation off" not in line]
     assert len(warnings) == 2  # the calibration and the memory, each naming where and what to do
     assert all(str(blocked) in w and "SPECGEN_CACHE_DIR" in w for w in warnings)
 
