@@ -120,7 +120,7 @@ class Batch:
         is cut where it would be alone, so its cache holds what a single run's would)."""
         for r in self.waiting:
             r.waited += 1
-        events, budget = [], self.prefill_chunk
+        events, budget, joined = [], self.prefill_chunk, []
         while self.waiting and len(self.rows) < self.max_rows:
             # The prompt with the least left goes first, so a short request is not stuck behind
             # a long one, each step waited counting as a chunk done, so a long one is not
@@ -141,29 +141,36 @@ class Batch:
             if row.prefilled < len(row.prompt) - 1:
                 break
             self.waiting.remove(row)
-            self.cache.add(row.cache)
-            row.cache = None
             self.rows.append(row)
+            joined.append(row)
             if row.speculation.on:
                 row.drafter.feed(row.prompt[row.fed:])
             events.append((row.key, Prefilled(len(row.prompt), row.speculation)))
+        if joined:  # all at once: rows appended to the cache cost one copy
+            for row, place in zip(joined, self.cache.add([r.cache for r in joined])):
+                row.cache, row.place = None, place
         return events
 
     def _decode(self) -> list[Event]:
         start = time.perf_counter()
         drafts = self._drafts()
-        fed = [[r.history[-1], *d] for r, d in zip(self.rows, drafts)]
+        fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
+        for r, d in zip(self.rows, drafts):
+            fed[r.place] = [r.history[-1], *d]
         width = max(map(len, fed))
         x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
         self.cache.slots.begin([len(f) for f in fed])
         logits = self.model(x, cache=self.cache.layers)
-        judged = [r.judge(logits[i, : len(fed[i])], drafts[i]) for i, r in enumerate(self.rows)]
+        judged = [r.judge(logits[r.place, : len(d) + 1], d) for r, d in zip(self.rows, drafts)]
         # A near-tied row keeps the entries up to the tied position's input, fed again alone below.
-        self.cache.slots.commit(width, [len(t) + (tied is not None) for t, _, tied in judged])
+        kept = [0] * self.cache.rows
+        for r, (tokens, _, tied) in zip(self.rows, judged):
+            kept[r.place] = len(tokens) + (tied is not None)
+        self.cache.slots.commit(width, kept)
         events, done = [], set()
         for i, (r, d, (tokens, matched, tied)) in enumerate(zip(self.rows, drafts, judged)):
             if tied is not None:
-                tokens, matched = self._confirm(i, r, fed[i][tied], d, tied)
+                tokens, matched = self._confirm(r, fed[r.place][tied], d, tied)
             step = r.finish(tokens, len(d), matched, tied is not None)
             events.append((r.key, step))
             if step.stop_reason:
@@ -173,8 +180,10 @@ class Batch:
         self.counters.generation_tokens += sum(len(s.tokens) + (s.stop_token is not None) for _, s in events)
         if done:
             self._leave(done)
-        if self.rows and self.cache.holey():
-            self.cache.compact()
+        if self.rows and self.cache.untidy(joining=bool(self.waiting)):
+            where = {old: new for new, old in enumerate(self.cache.compact())}
+            for r in self.rows:
+                r.place = where[r.place]
         return events
 
     def _drafts(self) -> list[list[int]]:
@@ -183,8 +192,9 @@ class Batch:
         costs at this many rows over this many cache slots, and stay silent where no draft pays
         there (fixed-length drafters draft as told). Every row pays for the widest draft, so the
         step's width is then the one that yields the most tokens for its cost over all rows, and
-        longer drafts are drafted again to fit it."""
-        rows = len(self.rows)
+        longer drafts are drafted again to fit it. Free rows of the cache count: every pass
+        feeds them."""
+        rows = self.cache.rows
         if self.pricing is None or rows == 1:
             for r in self.rows:
                 _price(r.drafter, r.own_cost)
@@ -201,22 +211,22 @@ class Batch:
                         self.pricing.step(rows, slots))
         return [d if len(d) <= k else r.draft(on=True, most=k) for r, d in zip(self.rows, drafts)]
 
-    def _confirm(self, i: int, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:
-        """Choose the near-tied position `n` of row i as plain decoding does: a one-position pass
+    def _confirm(self, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:
+        """Choose the near-tied position `n` of `row` as plain decoding does: a one-position pass
         of its input `token` over the row's own entries before it, alone."""
-        alone = self.cache.row_cache(i, self.cache.slots.lengths[i] - 1)
+        alone = self.cache.row_cache(row.place, self.cache.slots.lengths[row.place] - 1)
         logits = self.model(mx.array([[token]], mx.uint32), cache=alone)[0, -1]
         return settle(drafts, n, row.selector.pick(logits, row.history, row.pos + n).item())
 
     def _leave(self, rows: set[int]) -> None:
-        """Drop these rows, a keep_cache row's entries (all it holds: its history but the last
-        token, as decode.generate leaves its cache) first copied out to `kept`."""
+        """Drop these rows (indices into `rows`), a keep_cache row's entries (all it holds: its
+        history but the last token, as decode.generate leaves its cache) first copied out to
+        `kept`. Their cache rows are freed, not copied away (see batch_cache.RaggedBatch)."""
         for i in rows:
             if self.rows[i].keep_cache:
-                self.kept[self.rows[i].key] = self.cache.row_cache(i, self.rows[i].pos - 1)
-        kept = [i for i in range(len(self.rows)) if i not in rows]
-        self.cache.keep(kept)
-        self.rows = [self.rows[i] for i in kept]
+                self.kept[self.rows[i].key] = self.cache.row_cache(self.rows[i].place, self.rows[i].pos - 1)
+        self.cache.drop([self.rows[i].place for i in rows])
+        self.rows = [r for i, r in enumerate(self.rows) if i not in rows]
 
 
 def _price(drafter, cost: CostFn | None) -> None:

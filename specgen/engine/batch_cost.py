@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from bisect import bisect_left
 from typing import Callable, NamedTuple
 
 import mlx.core as mx
@@ -46,9 +45,16 @@ class Measured(NamedTuple):
     position_slot_s: float = 0.0
 
     def seconds(self, rows: int, slots: int) -> dict[int, float]:
-        """The grid's widths at the grid's row count `rows`, over `slots` cache slots."""
-        more = max(0, slots - CONTEXT) * rows
-        return {w: s + more * (self.slot_s + w * self.position_slot_s) for w, s in self.grid[rows].items()}
+        """A step's seconds by width at `rows` rows over `slots` cache slots: between two timed
+        row counts, the line through them (at the widths the larger was timed at); past the
+        largest, the largest's."""
+        sizes = sorted(self.grid)
+        hi = next((b for b in sizes if b >= rows), sizes[-1])
+        lo = max((b for b in sizes if b <= rows), default=hi)
+        at = (min(rows, hi) - lo) / (hi - lo) if hi > lo else 1.0
+        more = max(0, slots - CONTEXT) * min(rows, hi)
+        return {w: self.grid[lo].get(w, s) + at * (s - self.grid[lo].get(w, s))
+                + more * (self.slot_s + w * self.position_slot_s) for w, s in self.grid[hi].items()}
 
 
 def measure(model, sample: list[int], max_rows: int, budget_s: float | None = None) -> Measured:
@@ -107,7 +113,7 @@ def _per_slot(model, solo: list, tokens: list[int], two: dict[int, float]) -> tu
 
 def _counts(max_rows: int) -> list[int]:
     """The row counts a grid for batches of up to `max_rows` rows times: ROWS up to the first at or
-    past it (a batch between two is priced as the larger), two at least."""
+    past it (a batch between two is priced between them), two at least."""
     n = next((i for i, r in enumerate(ROWS) if r >= max(max_rows, 2)), len(ROWS) - 1)
     return list(ROWS[: n + 1])
 
@@ -115,8 +121,7 @@ def _counts(max_rows: int) -> list[int]:
 def _timer(model, solo: list, rows: int, tokens: list[int]) -> Callable[[int], float]:
     """A function timing one step of `rows` rows (each holding what `solo` holds) by width."""
     batch = RaggedBatch(len(solo))
-    for _ in range(rows):
-        batch.add(solo)
+    batch.add([solo] * rows)
 
     def step(width: int) -> float:
         # Nothing is committed: every timed pass writes the same slots over again.
@@ -130,7 +135,7 @@ def _timer(model, solo: list, rows: int, tokens: list[int]) -> Callable[[int], f
 
 
 class Pricing:
-    """What a batched step costs, by rows (the grid's row count at or above, the largest past it)
+    """What a batched step costs, by rows (Measured.seconds: between timed row counts, a line)
     and the cache slots it attends over (rounded up to BUCKET): `step(rows, slots)(k)` is a step
     of k + 1 positions per row relative to a plain one; `drafting(rows, slots)` is the cost
     drafters weigh drafts with there, or None where drafting cannot pay (cost.unprofitable): the
@@ -142,8 +147,7 @@ class Pricing:
         self._priced: dict[tuple[int, int], tuple[CostFn, CostFn | None]] = {}
 
     def _at(self, rows: int, slots: int) -> tuple[CostFn, CostFn | None]:
-        size = self.sizes[min(bisect_left(self.sizes, rows), len(self.sizes) - 1)]
-        key = (size, -(-max(slots, 1) // BUCKET) * BUCKET)
+        key = (min(rows, self.sizes[-1]), -(-max(slots, 1) // BUCKET) * BUCKET)
         if key not in self._priced:
             curve = relative(self.measured.seconds(*key))
             step = cost_function(curve)

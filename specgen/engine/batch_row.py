@@ -28,6 +28,7 @@ class Row:
     context_length: int | None
     speculation: Speculation
     cache: list | None = None  # its own cache until it joins the batch
+    place: int = 0  # its row of the batch's cache once it joins
     prefilled: int = 0  # prompt tokens in `cache`
     fed: int = 0  # prompt tokens the drafter was given before it came here
     keep_cache: bool = False  # copy its cache out when it leaves the batch (Batch.kept)

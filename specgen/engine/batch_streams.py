@@ -42,11 +42,11 @@ def batch_unsupported(engine: Engine) -> str | None:
     try:
         alone = [mx.argmax(model(mx.array([p], mx.uint32), cache=make_prompt_cache(model))[0, -1]).item()
                  for p in PROBE]
-        batch = RaggedBatch(len(make_prompt_cache(model)))
-        for p in PROBE:
-            cache = make_prompt_cache(model)
+        caches = [make_prompt_cache(model) for _ in PROBE]
+        for p, cache in zip(PROBE, caches):
             model(mx.array([p[:-1]], mx.uint32), cache=cache)
-            batch.add(cache)
+        batch = RaggedBatch(len(caches[0]))
+        batch.add(caches)
         batch.slots.begin([1] * len(PROBE))
         together = mx.argmax(model(mx.array([[p[-1]] for p in PROBE], mx.uint32), cache=batch.layers)[:, -1],
                              axis=-1).tolist()

@@ -149,6 +149,27 @@ def test_holes_are_compacted_and_rows_stay_exact(stories, monkeypatch):
     assert [got[i] for i in range(len(rows))] == expected and compactions
 
 
+def test_a_leaving_row_is_freed_in_place_and_taken_by_the_next_to_join(stories, monkeypatch):
+    # Copying every row's entries whenever one left cost up to a second a leave at 16 rows.
+    rows = rows_of(stories.tokenizer, stories.stop_ids)
+    expected = [solo(stories.model, r) for r in rows]
+    copies, sizes = [], []
+    real_compact, real_step = batch_cache.RaggedBatch.compact, Batch.step
+    monkeypatch.setattr(batch_cache.RaggedBatch, "compact", lambda self: copies.append(self.rows) or real_compact(self))
+
+    def step(self):
+        events = real_step(self)
+        sizes.append(self.cache.rows)
+        return events
+
+    monkeypatch.setattr(Batch, "step", step)
+    got, _, _ = batched(Batch(stories.model, max_rows=3), rows, arrive=[0, 0, 0, 0])
+    assert [got[i] for i in range(len(rows))] == expected
+    # The fourth joined the row the first to finish left; the buffer was copied smaller only
+    # once half its rows were free, and never had more rows than sequences at once.
+    assert max(sizes) == 3 and copies == [3] and sizes[-2] == 1
+
+
 class Tied:
     """A model whose every position is an exact tie between two tokens (greedy takes the lower):
     every batched row is near-tied, so each is chosen again by a one-position pass alone."""
@@ -219,9 +240,12 @@ def test_events_read_as_a_single_sequence_run(stories):
 def test_pricing_drafts_where_a_wider_step_pays_and_not_where_it_does_not(stories):
     price = Pricing(Measured({1: {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8}, 8: {1: 2.0, 2: 4.0, 4: 8.0}}))
     assert price.drafting(1)(3) == pytest.approx(1.3) and price.drafting(1)(1) == pytest.approx(1.1)
-    # Dearer sizes (the next measured size up, the largest past it): no drafts, plain steps.
-    assert price.drafting(2) is None and price.drafting(8) is None and price.drafting(64) is None
+    # Dearer sizes (the largest timed and past it): no drafts, plain steps.
+    assert price.drafting(8) is None and price.drafting(64) is None
     assert price.step(8)(1) == pytest.approx(2.0)
+    # Between two timed sizes, the line through them: 2 rows are a seventh of the way to 8.
+    assert price.step(2)(1) == pytest.approx((1.1 + 2.9 / 7) / (1 + 1 / 7))
+    assert price.drafting(7) is None
     measured = measure(stories.model, stories.tokenizer.encode(STORY), max_rows=4, budget_s=0.5)
     assert sorted(measured.grid) == [1, 2, 4]
     assert all(row[1] > 0 and len(row) >= 2 for row in measured.grid.values())
