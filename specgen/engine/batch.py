@@ -52,7 +52,7 @@ class Batch:
         check(batch=max_rows, prefill_chunk=prefill_chunk)
         self.model, self.max_rows, self.prefill_chunk = model, max_rows, prefill_chunk
         self.pricing = pricing  # what steps cost by rows (None: drafters keep their own cost)
-        self.rows: list[Row] = []  # in the ragged cache's row order
+        self.rows: list[Row] = []  # the active ones, each at its `place` in the ragged cache
         self.kept: dict[Hashable, list] = {}  # finished rows' own caches (add's keep_cache)
         self.waiting: list[Row] = []
         self.cache = RaggedBatch(len(make_prompt_cache(model)))
