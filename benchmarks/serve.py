@@ -7,6 +7,7 @@ would. Sets: input-grounded and code-edit prompts (code edits also with the code
 coding-agent session's system prompt and task, each turn the model's own reply and the session's
 next recorded tool result appended). Decode tok/s is (tokens - 1) / (last token - first token)
 as a streaming client sees it; latency is the whole request. Texts are compared turn by turn.
+Every round's requests are new to both servers (each starts with its own tag).
 
     apt-get install -y libopenblas0-pthread
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/serve.py --rounds 2
@@ -96,6 +97,15 @@ def ask(c: openai.OpenAI, messages: list[dict], max_tokens: int, prediction: str
             "tokens_per_step": stats and stats["tokens_per_step"],
             "accepted_prediction": usage.completion_tokens_details.accepted_prediction_tokens
             if usage and usage.completion_tokens_details and stats else None}
+
+
+def fresh(case: dict, tag: str) -> dict:
+    """`case` with its first user message starting with its own tag: a request neither server has
+    seen (their prompt caches and drafters remember earlier answers), the same for both."""
+    messages = list(case["messages"])
+    i = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[i] = {**messages[i], "content": f"Request {tag}.\n\n{messages[i]['content']}"}
+    return {**case, "messages": messages}
 
 
 def conversation(c, case: dict, max_tokens: int, with_prediction: bool) -> list[dict]:
@@ -198,6 +208,7 @@ def main():
                     runs[k].append([])
                 for i, case in enumerate(cases[name]):
                     order = ["specgen", "mlx_lm"] if (r + i) % 2 == 0 else ["mlx_lm", "specgen"]
+                    case = fresh(case, f"{name} {r}.{i}")
                     for k in order:
                         runs[k][r].append(conversation(clients[k], case, args.max_tokens,
                                                        name.endswith("+prediction") and k == "specgen"))
