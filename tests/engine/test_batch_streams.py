@@ -1,10 +1,13 @@
 """Requests through the batch engine answer as `Engine.stream` answers each alone: the same
 responses (text, tokens, finish reasons, stats), stop strings ending only their own row, the
 cache a finished row hands over holding what the single-sequence cache holds; `run --prompts
---batch N` writes the results of one-at-a-time runs, in input order."""
+--batch N` writes the results of one-at-a-time runs, in input order; the caches rows hand over
+hold their own entries only (memory stays what the prompt cache counts)."""
 
+import gc
 import json
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
@@ -148,3 +151,24 @@ def test_run_prompts_batched_writes_what_one_at_a_time_writes_in_input_order(tmp
     assert [x.get("text") for x in out["4"]] == [x.get("text") for x in out["1"]]
     assert [x.get("generated_tokens") for x in out["4"]] == [x.get("generated_tokens") for x in out["1"]]
 
+
+
+def test_the_caches_finished_rows_hand_over_hold_only_their_own_entries(demo_engine):
+    # A lazy copy kept the whole batch buffer alive behind a cache the prompt cache counts as one
+    # row's (and made the next step's writes copy it): 18x these caches' bytes here.
+    gc.collect()
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    streams = Streams(demo_engine, max_rows=6)
+    for i, start in enumerate(STARTS):
+        streams.add(i, Request(demo_engine.encode(start), Options(max_tokens=20 + 10 * i)), keep_cache=True)
+    kept = {}
+    while streams.busy:
+        for key, response in streams.step():
+            if response.finish_reason:
+                kept[key] = streams.kept(key)
+    del streams
+    gc.collect()
+    mx.clear_cache()
+    held = sum(layer.nbytes for cache in kept.values() for layer in cache)
+    assert len(kept) == len(STARTS) and 0 < mx.get_active_memory() - before < 2 * held
