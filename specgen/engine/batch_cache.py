@@ -149,10 +149,12 @@ class RaggedBatch:
                     buf = mx.concatenate([buf, *(_aligned(entries[i], counts[i], end, size, buf)
                                                  for i in appended)], axis=0)
                 for i, row in enumerate(reused):
-                    if counts[i]:
-                        buf[row : row + 1, :, end - counts[i] : end, :] = entries[i][..., : counts[i], :].astype(buf.dtype)
+                    n = counts[i]
+                    if n:
+                        buf[row : row + 1, :, end - n : end, :] = entries[i][..., :n, :].astype(buf.dtype)
                 setattr(mine, name, buf)
-        self.slots.held = np.concatenate([self.slots.held, np.zeros((len(appended), end), dtype=bool)], axis=0)
+        more = np.zeros((len(appended), end), dtype=bool)
+        self.slots.held = np.concatenate([self.slots.held, more], axis=0)
         self.slots.lengths += [0] * len(appended)
         for row, n in zip(places, counts):
             self.slots.held[row] = False
@@ -184,7 +186,8 @@ class RaggedBatch:
         more (and no sequence is about to take them), or empty slots make it much longer than
         its longest row."""
         longest = max(self.slots.lengths, default=0)
-        return (not joining and 2 * len(self.free) >= self.rows > 0) or self.slots.end > longest * (1 + HOLES) + GROW
+        free = not joining and 2 * len(self.free) >= self.rows > 0
+        return free or self.slots.end > longest * (1 + HOLES) + GROW
 
     def compact(self) -> list[int]:
         """Drop the free rows and move every row's entries to the end of a buffer as long as the
