@@ -192,7 +192,8 @@ class RaggedBatch:
     def compact(self) -> list[int]:
         """Drop the free rows and move every row's entries to the end of a buffer as long as the
         longest row (a copy). Returns the rows kept, by their old numbers, in their new order."""
-        kept = [i for i in range(self.rows) if i not in set(self.free)]
+        free = set(self.free)
+        kept = [i for i in range(self.rows) if i not in free]
         held = self.slots.held[kept]
         lengths = [self.slots.lengths[i] for i in kept]
         longest = max(lengths)

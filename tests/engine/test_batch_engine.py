@@ -273,7 +273,7 @@ def test_a_grid_covers_every_row_count_of_the_batch_and_is_read_back(stories, mo
         again, _ = load_or_measure(stories.model, "m", stories.tokenizer, rows,
                                    before_measuring=lambda: measured.append(2))
         assert again == first and measured == [1]
-    # Twelve rows are priced as sixteen: the grid gains that size.
+    # Twelve rows are priced between eight and sixteen: the grid gains sixteen.
     more, _ = load_or_measure(stories.model, "m", stories.tokenizer, 12,
                               before_measuring=lambda: measured.append(3))
     assert sorted(more.grid) == [1, 2, 4, 8, 16] and measured == [1, 3]
