@@ -1,5 +1,6 @@
-"""The package's layout holds: imports run one way (cli, serve -> api -> engine -> draft -> base),
-the model-free part loads without MLX, and no module outgrows one idea."""
+"""The package's layout holds: imports run one way (cli, serve -> api -> engine -> draft -> base)
+and in no circle within a layer, the model-free part loads without MLX, and no module outgrows
+one idea."""
 
 import ast
 import subprocess
@@ -31,19 +32,26 @@ def modules():
         yield name, path, ast.parse(path.read_text())
 
 
-def imported(name: str, path: Path, tree: ast.AST):
-    """Every specgen module (or package) this file imports, absolute."""
+def statements(name: str, path: Path, tree: ast.AST):
+    """(module, names imported from it) for each import in this file, the module absolute; ()
+    for `import module`. Imports inside functions and under TYPE_CHECKING count too."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
+            yield from ((a.name, ()) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([base] if base else []))
-            yield base
-            yield from (f"{base}.{a.name}" for a in node.names)
+            yield base, tuple(a.name for a in node.names)
+
+
+def imported(name: str, path: Path, tree: ast.AST):
+    """Every specgen module (or package) this file imports, absolute."""
+    for base, names in statements(name, path, tree):
+        yield base
+        yield from (f"{base}.{n}" for n in names)
 
 
 def test_imports_run_one_way():
@@ -65,6 +73,59 @@ def test_the_rule_catches_an_upward_import():
     found = list(imported("specgen.draft.ngram", PACKAGE / "draft" / "ngram.py", tree))
     assert "specgen.engine.decode" in found and "specgen.cli.kit" in found
     assert RANK[layer("specgen.engine.decode")] < RANK[layer("specgen.draft.ngram")]
+
+
+def depends_on(found: list) -> dict[str, set[str]]:
+    """The modules of the package each one imports: `from p import m` depends on the module p.m
+    where there is one (a package's own __init__ is not counted then), else on p."""
+    known = {n for n, _, _ in found}
+    graph = {}
+    for name, path, tree in found:
+        graph[name] = {f"{base}.{n}" if f"{base}.{n}" in known else base
+                       for base, names in statements(name, path, tree) for n in (names or [None])
+                       } & (known - {name})
+        graph[name] |= {base for base, names in statements(name, path, tree) if not names and base in known}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each group of modules that import one another round a circle (a strongly connected
+    component of more than one module), as `a -> b -> a`."""
+    found = []
+    for start in sorted(graph):
+        path, seen = [start], {start: 0}
+        stack = [iter(sorted(graph[start]))]
+        while stack:  # depth first: the first way back to `start` through later modules only
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                path.pop()
+            elif nxt == start:
+                found.append(path + [start])
+                break
+            elif nxt > start and nxt not in seen:
+                seen[nxt] = len(path)
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return found
+
+
+def test_no_modules_import_each_other():
+    # A type-only import (under TYPE_CHECKING) counts too: the two modules still cannot be read
+    # or changed apart. Name what is needed as a Protocol in the lower module, or move it there.
+    found = cycles(depends_on(list(modules())))
+    assert not found, "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_rule_catches_a_circle():
+    code = {"specgen.draft.a": "from specgen.draft.b import X\n",
+            "specgen.draft.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from specgen.draft import a\n",
+            "specgen.draft.c": "def f():\n    from . import b\n", "specgen.draft": "from specgen import draft\n"}
+    found = [(n, PACKAGE / "draft" / f"{n.rpartition('.')[2]}.py", ast.parse(c)) for n, c in code.items()]
+    graph = depends_on(found)
+    assert graph["specgen.draft.c"] == {"specgen.draft.b"} and graph["specgen.draft"] == set()
+    assert cycles(graph) == [["specgen.draft.a", "specgen.draft.b", "specgen.draft.a"]]
 
 
 @pytest.mark.parametrize("name,path,tree", [m for m in modules() if m[0].startswith("specgen.draft")],

@@ -6,16 +6,14 @@ target's recycled choice, whichever is likelier. drafter.py chooses how many of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
-from specgen.draft.acceptance import Evidence, odds_scaled
-from specgen.draft.copies import CopySource
+from specgen.draft.acceptance import Acceptance, Evidence, EvidenceTable, odds_scaled
+from specgen.draft.copies import Copies, CopySource
 from specgen.draft.guess import Guess
 from specgen.draft.ngram import context_keys
-from specgen.draft.prediction import PREDICTED, PREDICTED_REALIGN
-
-if TYPE_CHECKING:
-    from specgen.draft.drafter import AdaptiveDrafter
+from specgen.draft.params import DrafterParams
+from specgen.draft.prediction import PREDICTED, PREDICTED_REALIGN, Prediction
 
 HAZARD_KINDS = ("copy", "realign")  # the request's own copies (memory's are other requests')
 
@@ -29,7 +27,24 @@ class Draft:
     copy: CopySource | None  # the copy it follows (None once the n-gram tables took over)
 
 
-def candidates(self: AdaptiveDrafter, keys: list[int] | None, made: Draft, guess: Guess | None
+class DrafterState(Protocol):
+    """What `candidates` reads of the drafter (drafter.py's AdaptiveDrafter), named here so that
+    this module does not import the one that imports it."""
+
+    params: DrafterParams
+    evidence_table: EvidenceTable
+    max_order: int
+    tokens: list[int]
+    copies: Copies
+    acceptance: Acceptance
+    memory: Any  # an NGramMemory or its reader, or None
+    prediction: Prediction | None
+    respell: dict[int, int]
+    recycled: dict[int, int]
+    ngram_guess: Callable[[list[int]], Guess | None]
+
+
+def candidates(self: DrafterState, keys: list[int] | None, made: Draft, guess: Guess | None
                ) -> Iterator[float]:
     """Each next candidate's acceptance chance, after appending it (and its evidence) to `made`
     (`self`: the drafter, whose copies, tables, memory and acceptance it reads);
