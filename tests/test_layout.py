@@ -77,15 +77,14 @@ def test_the_rule_catches_an_upward_import():
 
 def depends_on(found: list) -> dict[str, set[str]]:
     """The modules of the package each one imports: `from p import m` depends on the module p.m
-    where there is one (a package's own __init__ is not counted then), else on p."""
+    where there is one (p's own __init__ is not counted then), else on p."""
     known = {n for n, _, _ in found}
-    graph = {}
-    for name, path, tree in found:
-        graph[name] = {f"{base}.{n}" if f"{base}.{n}" in known else base
-                       for base, names in statements(name, path, tree) for n in (names or [None])
-                       } & (known - {name})
-        graph[name] |= {base for base, names in statements(name, path, tree) if not names and base in known}
-    return graph
+
+    def targets(base, names):
+        return [f"{base}.{n}" if f"{base}.{n}" in known else base for n in names] or [base]
+
+    return {name: {t for base, names in statements(name, path, tree) for t in targets(base, names)}
+            & (known - {name}) for name, path, tree in found}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -93,7 +92,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     component of more than one module), as `a -> b -> a`."""
     found = []
     for start in sorted(graph):
-        path, seen = [start], {start: 0}
+        path, seen = [start], {start}
         stack = [iter(sorted(graph[start]))]
         while stack:  # depth first: the first way back to `start` through later modules only
             nxt = next(stack[-1], None)
@@ -104,7 +103,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 found.append(path + [start])
                 break
             elif nxt > start and nxt not in seen:
-                seen[nxt] = len(path)
+                seen.add(nxt)
                 path.append(nxt)
                 stack.append(iter(sorted(graph[nxt])))
     return found
@@ -121,7 +120,8 @@ def test_the_rule_catches_a_circle():
     code = {"specgen.draft.a": "from specgen.draft.b import X\n",
             "specgen.draft.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                "    from specgen.draft import a\n",
-            "specgen.draft.c": "def f():\n    from . import b\n", "specgen.draft": "from specgen import draft\n"}
+            "specgen.draft.c": "def f():\n    from . import b\n",
+            "specgen.draft": "from specgen import draft\n"}
     found = [(n, PACKAGE / "draft" / f"{n.rpartition('.')[2]}.py", ast.parse(c)) for n, c in code.items()]
     graph = depends_on(found)
     assert graph["specgen.draft.c"] == {"specgen.draft.b"} and graph["specgen.draft"] == set()
