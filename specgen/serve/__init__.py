@@ -7,8 +7,8 @@ into token ids and output text into message parts; turn.py is the one path from 
 (a job on the one generation thread and queue: batch_worker.py's, decoding up to --max-batch
 requests together where the model's caches batch, else worker.py's, one at a time), shaped by
 chat_stream.py, anthropic_stream.py or responses_stream.py; cache.py is what the worker keeps
-across requests, config.py the settings, limits.py the body-size limit. Generation itself is the
-engine's: one way through.
+across requests, config.py the settings, limits.py the body-size limit, protocol.py the HTTP
+protocol (and its limit on a request's head). Generation itself is the engine's: one way through.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def make_server(engine, config: ServeConfig, host: str, port: int, *, log_level:
     require_extra()
     import uvicorn
 
-    from specgen.serve.app import create_app
+    from specgen.serve.app import create_app, error_body
+    from specgen.serve.protocol import protocol
 
     app = create_app(engine, config)
 
@@ -45,7 +46,8 @@ def make_server(engine, config: ServeConfig, host: str, port: int, *, log_level:
             super().handle_exit(sig, frame)
 
     return Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                 timeout_graceful_shutdown=GRACE_S, lifespan="on"))
+                                 timeout_graceful_shutdown=GRACE_S, lifespan="on",
+                                 http=protocol(config.max_head_bytes, error_body)))
 
 
 __all__ = ["ServeConfig", "make_server", "require_extra"]

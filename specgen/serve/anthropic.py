@@ -9,8 +9,10 @@ model cannot honour (image and document blocks, forcing a tool) is a 400 naming 
 header, a system block that changes with every request, never reaches the prompt, so the next
 turn's prompt starts as this one's did and the prompt cache hits. A prompt that leaves no room to
 generate is Anthropic's 400 "input length and `max_tokens` exceed context limit: I + M > L"
-(which Claude Code parses); otherwise `max_tokens` is clamped to the room left. Errors are
-Anthropic's `{"type": "error", "error": {...}}` (`error_body`).
+(which Claude Code parses); otherwise `max_tokens` is clamped to the room left. What Anthropic's
+API refuses is refused here too: temperature outside 0-1, metadata that is no object, a message
+with no content (but a final assistant one), a tool_result answering no earlier tool_use. Errors
+are Anthropic's `{"type": "error", "error": {...}}` (`error_body`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,21 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import Field
 
-from specgen.serve.schema import JOIN, ApiError, Generation, Lenient, bad, make_generation, tagged
+from specgen.serve.schema import (
+    JOIN,
+    ApiError,
+    Body,
+    Generation,
+    Lenient,
+    Messages,
+    ModelName,
+    Schema,
+    Stops,
+    Tools,
+    bad,
+    make_generation,
+    tagged,
+)
 
 BILLING_HEADER = "x-anthropic-billing-header:"  # Claude Code's per-request system block
 REFUSED = ("image", "document")  # blocks a text model cannot read
@@ -64,7 +80,7 @@ class Tool(Lenient):
     name: str
     type: Optional[str] = None  # "custom", or a server tool's version ("web_search_20250305", ...)
     description: Optional[str] = None
-    input_schema: Optional[dict[str, Any]] = None  # server tools have none: nothing to render
+    input_schema: Optional[Schema] = None  # server tools have none: nothing to render
     defer_loading: Optional[bool] = None  # loaded by a tool search the client runs, not shown
 
 
@@ -74,29 +90,41 @@ class ToolChoice(Lenient):
     disable_parallel_tool_use: Optional[bool] = None  # true: only the first tool call is returned
 
 
-class CountRequest(Lenient):
+class Metadata(Lenient):
+    user_id: Optional[str] = None
+
+
+class CountRequest(Lenient, Body):
     """A `/v1/messages/count_tokens` body (and all of a messages body but max_tokens and sampling)."""
 
-    model: str
-    messages: list[Message] = Field(min_length=1)
+    model: ModelName
+    messages: Messages[Message] = Field(min_length=1)
     system: Union[str, list[Block], None] = None
-    tools: Optional[list[Tool]] = None
+    tools: Optional[Tools[Tool]] = None
     tool_choice: Optional[ToolChoice] = None
+    metadata: Optional[Metadata] = None  # the caller's own records: changes nothing
 
     def conversation(self) -> tuple[list[dict], list[dict] | None]:
         """(chat-template messages, tools or None): system blocks and system messages as one
         leading system message, tool_use blocks as tool calls, tool_result blocks as tool messages."""
-        system = _said(_blocks(self.system))
+        system = _blocks(self.system)
+        _refuse(system, "system")
+        system = _said(system)
         messages: list[dict] = []
+        called: set[str] = set()  # the ids of the tool_use blocks so far
         for i, m in enumerate(self.messages):
+            where = f"messages[{i}].content"
+            if not m.content and not (m.role == "assistant" and i == len(self.messages) - 1):
+                raise bad(where, "is empty: every message but a final assistant one must say something")
             blocks = _blocks(m.content)
-            _refuse(blocks, f"messages[{i}].content")
+            _refuse(blocks, where)
             if m.role == "system":
                 system += _said(blocks)
             elif m.role == "assistant":
                 messages.append(_assistant(blocks))
+                called |= {b.id for b in blocks if isinstance(b, ToolUseBlock)}
             else:
-                messages.extend(_user(blocks, f"messages[{i}].content"))
+                messages.extend(_user(blocks, where, called))
         if system:
             messages.insert(0, {"role": "system", "content": JOIN.join(system)})
         return messages, self._tools()
@@ -116,8 +144,10 @@ class MessagesRequest(CountRequest):
     """A `/v1/messages` body."""
 
     max_tokens: int
-    stop_sequences: Optional[list[str]] = None
-    temperature: Optional[float] = None  # unset: the server's default (greedy), not Anthropic's 1.0
+    stop_sequences: Optional[Stops] = None
+    # unset: the server's default (greedy), not Anthropic's 1.0; Anthropic's range (below 0 is
+    # settings.check's to name)
+    temperature: Optional[float] = Field(None, le=1)
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     stream: Optional[bool] = None
@@ -169,12 +199,15 @@ def _assistant(blocks: list) -> dict:
     return message
 
 
-def _user(blocks: list, where: str) -> list[dict]:
+def _user(blocks: list, where: str, called: set[str]) -> list[dict]:
     out, text, results = [], [], 0
-    for b in blocks:
+    for j, b in enumerate(blocks):
         if isinstance(b, TextBlock):
             text.append(b.text)
         elif isinstance(b, ToolResultBlock):
+            if b.tool_use_id not in called:
+                raise bad(f"{where}[{j}].tool_use_id", f"{b.tool_use_id!r} answers no earlier tool_use block: "
+                                                       "a tool_result follows the tool_use it answers")
             if text:  # text before a result is said before it
                 out.append({"role": "user", "content": JOIN.join(text)})
                 text = []

@@ -6,7 +6,9 @@ cache), then content blocks one at a time, indices 0, 1, ... (`content_block_sta
 `content_block_stop`): reasoning as a thinking block (`thinking_delta`), text (`text_delta`), each
 tool call as a tool_use block that starts with `input: {}` and gets its arguments as one
 `input_json_delta`; then `message_delta` (stop reason, final usage) and `message_stop`. An error
-is an `error` event. The plain body is the message those events build.
+is an `error` event. The plain body is the message those events build. An answer that ran into
+the end of the context (its max_tokens clamped to the room left) stops for
+`model_context_window_exceeded`, as Anthropic's do, not for `max_tokens`.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "stop": "end_t
 class MessageBuilder:
     """One assistant message, built from the pieces of its generation."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, context_bound: bool = False):
         self.model = model
+        self.context_bound = context_bound  # the room in the context, not max_tokens, limits the answer
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.blocks: list[dict] = []
         self.open: str | None = None  # the type of the block being streamed
@@ -74,7 +77,11 @@ class MessageBuilder:
                 "output_tokens": generated(self.done.stats) if self.done else 0}
 
     def _stop_reason(self) -> str:
-        return "stop_sequence" if self.done.stop_sequence else STOP_REASONS[self.done.finish]
+        if self.done.stop_sequence:
+            return "stop_sequence"
+        if self.done.finish == "length" and self.context_bound:
+            return "model_context_window_exceeded"
+        return STOP_REASONS[self.done.finish]
 
     def _start(self, block: dict, shown: dict | None = None) -> list[Event]:
         events = self._close()

@@ -8,9 +8,9 @@ loop, queue a Turn on the one worker (turn.py) and answer through its API's Buil
 share the engine, its speculation, the queue and its limits, the prompt cache and kept drafters
 across turns, cancellation when a client leaves. Errors are each API's own shape, chosen by the
 path (Anthropic's under /v1/messages, OpenAI's elsewhere): 400 for what a request says, 401
-without the key (Bearer, or Anthropic's x-api-key), 404 for another model (chat and completions
-only: the agent APIs serve any name with the loaded model), 413 for a body over the limit, 429
-when the queue is full, 503 when the worker cannot serve.
+without the key (Bearer, or Anthropic's x-api-key; with CORS headers, so a browser can read it),
+404 for another path, 413 for a body over the limit, 429 when the queue is full, 503 when the
+worker cannot serve. Every route serves any model name (but "") with the loaded model.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from specgen.engine.batch_streams import batch_unsupported
 from specgen.engine.engine import Engine
@@ -34,13 +35,14 @@ from specgen.serve import anthropic
 from specgen.serve.anthropic import CountRequest, MessagesRequest
 from specgen.serve.anthropic_stream import MessageBuilder
 from specgen.serve.batch_worker import BatchWorker
+from specgen.serve.chat import ChatRequest, CompletionRequest
 from specgen.serve.chat_stream import ChatBuilder
 from specgen.serve.config import ServeConfig
 from specgen.serve.limits import BodyLimit
 from specgen.serve.prompting import Splitter, agent_ids, chat_ids, completion_ids, fits
 from specgen.serve.responses import ResponsesRequest
 from specgen.serve.responses_stream import ResponseBuilder
-from specgen.serve.schema import ApiError, ChatRequest, CompletionRequest, Generation
+from specgen.serve.schema import ApiError, Generation, validation_error
 from specgen.serve.turn import Builder, Turn, respond
 from specgen.serve.worker import Worker
 
@@ -68,7 +70,6 @@ def _worker(engine: Engine, config: ServeConfig) -> Worker:
 def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     """The server's ASGI app around one loaded engine (its worker starts with the app)."""
     worker = _worker(engine, config)
-    names = {config.model_name, engine.name, engine.loaded.spec.source, "default_model"}
     known = {"draft": config.draft, "memory": config.memory}  # the server's settings every request gets
     context = engine.loaded.context_length
     started = int(time.time())
@@ -86,11 +87,6 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     app = FastAPI(title="specgen", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, error_body=error_body)
-    if config.allowed_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"])
 
     @app.exception_handler(ApiError)
     async def api_error(request: HttpRequest, e: ApiError):
@@ -99,7 +95,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):
-        return await api_error(request, _validation_error(e))
+        return await api_error(request, validation_error(e.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
@@ -118,10 +114,9 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
                 return JSONResponse(error_body(request.url.path, e), 401)
         return await call_next(request)
 
-    def check_model(name: str) -> None:
-        if name not in names:
-            raise ApiError(404, f"model: this server serves {config.model_name!r}, not {name!r}", "model",
-                           "model_not_found", kind="not_found_error")
+    if config.allowed_origins:  # added last, so outermost: every answer gets its headers, a 401 too
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"])
 
     async def answer(request: HttpRequest, ids: list[int], generation: Generation, splitter: Splitter | None,
                      builder: Builder):
@@ -147,7 +142,6 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: HttpRequest):
-        check_model(body.model)
         generation = body.generation(config.max_tokens, **known)
         ids, tools = await run_in_threadpool(chat_ids, engine, body)
         builder = ChatBuilder(body.model, chat=True, include_usage=generation.include_usage)
@@ -156,7 +150,6 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HttpRequest):
-        check_model(body.model)
         generation = body.generation(config.max_tokens, **known)
         ids = await run_in_threadpool(completion_ids, engine, body)
         builder = ChatBuilder(body.model, chat=False, include_usage=generation.include_usage)
@@ -167,7 +160,9 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         ids, tools = await run_in_threadpool(agent_ids, engine, *body.conversation())
         generation = body.generation(len(ids), context, **known)
         splitter = Splitter(engine, ids, tools, one_call=body.one_tool_call)
-        return await answer(request, ids, generation, splitter, MessageBuilder(body.model))
+        # max_tokens clamped to the room left: reaching it, the context ended the answer
+        builder = MessageBuilder(body.model, context_bound=generation.options.max_tokens < body.max_tokens)
+        return await answer(request, ids, generation, splitter, builder)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountRequest):
@@ -185,29 +180,3 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     return app
 
-
-def _validation_error(e: RequestValidationError) -> ApiError:
-    """A 400 naming the field pydantic refused (`messages[0].content[0].type`), or the body."""
-    errors = e.errors()
-    if errors[0].get("type") == "json_invalid":
-        first = errors[0]
-        return ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
-    # A value that fits no member of a union fails each member: of the errors under the first one's
-    # field, the deepest says most ("input[0].role", not "input: should be a valid string").
-    paths = [_path(error) for error in errors]
-    best = max((i for i, p in enumerate(paths) if p[:len(paths[0])] == paths[0]), key=lambda i: len(paths[i]))
-    first, loc = errors[best], paths[best]
-    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
-    what = "is not a field specgen knows (and so would be ignored)" if first["type"] == "extra_forbidden" \
-        else first["msg"][0].lower() + first["msg"][1:]
-    return ApiError(400, f"{param or 'body'}: {what}", param)
-
-
-def _path(error: dict) -> list:
-    """The request's own path to an error: union members add their type's name to the location
-    ("str", "list[TextPart]", "function-after", "TextBlock", ...); keep lower-case field names and indices."""
-    return [p for p in error.get("loc", ()) if p != "body" and (isinstance(p, int) or p.isidentifier()
-                                                               and p.islower() and p not in _TYPES)]
-
-
-_TYPES = {"str", "int", "float", "bool", "list", "dict"}

@@ -1,10 +1,12 @@
-"""The server's settings (`specgen serve`'s flags), each default defined here once."""
+"""The server's settings (`specgen serve`'s flags), each default defined here once, and checked
+when made (a key no request could send is refused before a model loads)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from specgen import defaults
+from specgen.errors import SpecgenError
 
 HOST = "127.0.0.1"  # loopback unless told otherwise
 PORT = 8080
@@ -12,6 +14,7 @@ MAX_QUEUE = 16  # requests waiting while MAX_BATCH run (one with max_batch 1); m
 MAX_BATCH = defaults.MAX_BATCH  # requests decoded together (1: one at a time, as before the batch engine)
 PROMPT_CACHE_BYTES = 4 << 30  # model caches kept for later turns (mlx-lm's LRUPromptCache)
 MAX_BODY_BYTES = 32 << 20  # a request body over this is a 413 (a 70K-token conversation is ~0.3 MB)
+MAX_HEAD_BYTES = 64 << 10  # a request line and headers over this are a 431
 
 
 @dataclass(frozen=True)
@@ -27,4 +30,12 @@ class ServeConfig:
     max_batch: int = MAX_BATCH
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES
     max_body_bytes: int = MAX_BODY_BYTES
+    max_head_bytes: int = MAX_HEAD_BYTES
     allowed_origins: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        key = self.api_key
+        # HTTP headers carry ASCII, and their ends' spaces are trimmed: any other key never matches
+        if key is not None and not (key and key.isascii() and key.isprintable() and key == key.strip()):
+            raise SpecgenError(f"--api-key must be printable ASCII with no space at either end (got {key!r}): "
+                               "no request could send it")

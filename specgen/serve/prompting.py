@@ -19,7 +19,8 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
 from specgen.engine.engine import Engine
 from specgen.errors import SpecgenError
-from specgen.serve.schema import ChatRequest, CompletionRequest, bad
+from specgen.serve.chat import ChatRequest, CompletionRequest
+from specgen.serve.schema import bad
 
 _log = logging.getLogger("specgen.serve")
 

@@ -10,7 +10,9 @@ search, ...) are left out. Function tools go to the template as they are; a cust
 tool as a function of one string, `input`, whose calls come back as custom_tool_call items with
 that raw input; with `parallel_tool_calls` false only the first call the model writes is returned.
 What cannot be honoured is a 400 naming it: images and files, a stored
-conversation (`previous_response_id`, item references), forcing a tool, structured output.
+conversation (`previous_response_id`, item references), forcing a tool, structured output; and
+what OpenAI's API refuses is refused too: temperature above 2, metadata that is no object of
+strings, a tool call's output answering no earlier call.
 Without `max_output_tokens` (Codex sends none) the output is bounded by the room in the context.
 """
 
@@ -21,7 +23,19 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import Field
 
-from specgen.serve.schema import JOIN, Generation, Lenient, bad, make_generation, tagged
+from specgen.serve.schema import (
+    JOIN,
+    Body,
+    Generation,
+    Lenient,
+    Messages,
+    ModelName,
+    Schema,
+    Tools,
+    bad,
+    make_generation,
+    tagged,
+)
 
 REFUSED = ("input_image", "input_file", "input_audio")  # parts a text model cannot read
 CUSTOM_INPUT = "input"  # the one argument a custom tool gets as a function
@@ -73,7 +87,7 @@ class FunctionTool(Lenient):
     type: Literal["function"]
     name: str
     description: Optional[str] = None
-    parameters: Optional[dict[str, Any]] = None
+    parameters: Optional[Schema] = None
     strict: Optional[bool] = None
 
 
@@ -87,7 +101,7 @@ class CustomTool(Lenient):
 class NamespaceTool(Lenient):
     type: Literal["namespace"]
     name: str
-    tools: list[Tool] = Field(default_factory=list)
+    tools: Tools[Tool] = Field(default_factory=list)
 
 
 class OtherTool(Lenient):
@@ -100,16 +114,24 @@ Tool = tagged(function=FunctionTool, custom=CustomTool, namespace=NamespaceTool,
 NamespaceTool.model_rebuild()
 
 
-class ResponsesRequest(Lenient):
+class Format(Lenient):
+    type: str
+
+
+class TextOptions(Lenient):
+    format: Optional[Format] = None
+
+
+class ResponsesRequest(Lenient, Body):
     """A `/v1/responses` body."""
 
-    model: str
-    input: Union[str, list[Item]]
+    model: ModelName
+    input: Union[str, Messages[Item]]
     instructions: Optional[str] = None
-    tools: Optional[list[Tool]] = None
+    tools: Optional[Tools[Tool]] = None
     tool_choice: Union[Literal["auto", "none", "required"], dict[str, Any], None] = None
     max_output_tokens: Optional[int] = None
-    temperature: Optional[float] = None
+    temperature: Optional[float] = Field(None, le=2)  # OpenAI's range; below 0 is settings.check's
     top_p: Optional[float] = None
     stream: Optional[bool] = None
     parallel_tool_calls: Optional[bool] = None  # false: only the first tool call is returned
@@ -117,7 +139,8 @@ class ResponsesRequest(Lenient):
     background: Optional[bool] = None
     previous_response_id: Optional[str] = None
     conversation: Union[str, dict[str, Any], None] = None
-    text: Optional[dict[str, Any]] = None
+    text: Optional[TextOptions] = None
+    metadata: Optional[dict[str, str]] = None  # the caller's own records: changes nothing
 
     def conversation_messages(self) -> tuple[list[dict], list[dict] | None, set[str]]:
         """(chat-template messages, tools or None, the names of custom tools)."""
@@ -125,6 +148,7 @@ class ResponsesRequest(Lenient):
         system = [self.instructions] if self.instructions else []
         messages: list[dict] = []
         items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        called: set[str] = set()  # the call ids of the tool calls so far
         for i, item in enumerate(items):
             where = f"input[{i}]"
             if isinstance(item, MessageItem):
@@ -140,7 +164,11 @@ class ResponsesRequest(Lenient):
                     messages.append({"role": "assistant", "content": ""})
                 call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}}
                 messages[-1].setdefault("tool_calls", []).append(call)
+                called.add(item.call_id)
             elif isinstance(item, OutputItem):
+                if item.call_id not in called:
+                    raise bad(f"{where}.call_id", f"{item.call_id!r} answers no earlier {item.type.removesuffix('_output')} "
+                                                  "item: an output follows the call it answers")
                 messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, f"{where}.output")})
             elif item.type == "item_reference":
                 raise bad(where, "item references are not supported: specgen stores no responses; send the items")
@@ -158,9 +186,9 @@ class ResponsesRequest(Lenient):
         if self.tool_choice not in (None, "auto", "none") and self.tool_choice != {"type": "auto"}:
             raise bad("tool_choice", "forcing a tool is not supported: the model chooses (\"auto\") or no tools "
                                      "are offered (\"none\")")
-        fmt = (self.text or {}).get("format") or {"type": "text"}
-        if fmt.get("type") != "text":
-            raise bad("text.format", f"{fmt.get('type')!r} is not supported: specgen answers in plain text")
+        fmt = self.text.format if self.text else None
+        if fmt is not None and fmt.type != "text":
+            raise bad("text.format", f"{fmt.type!r} is not supported: specgen answers in plain text")
 
     def generation(self, prompt_tokens: int, context: int | None, default_max_tokens: int, **known) -> Generation:
         """What this request asks of the engine; no max_output_tokens means the room in the context."""

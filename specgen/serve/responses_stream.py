@@ -86,7 +86,7 @@ class ResponseBuilder:
                 "temperature": self.temperature, "text": {"format": {"type": "text"}},
                 "tool_choice": b.tool_choice or "auto",
                 "tools": [t.model_dump(exclude_none=True) for t in b.tools or ()], "top_p": b.top_p,
-                "truncation": "disabled", "usage": None, "metadata": {}}
+                "truncation": "disabled", "usage": None, "metadata": b.metadata or {}}
         if self.done is not None:
             stats = self.done.stats
             out = generated(stats)

@@ -1,22 +1,24 @@
-"""What an OpenAI-compatible request may say, checked before a model is touched (no mlx here).
+"""What every API's request is checked by, before a model is touched (no mlx here).
 
-Pydantic models for `/v1/chat/completions` and `/v1/completions` bodies. Every field OpenAI
-defines that specgen cannot honour is a 400 naming it, unless it holds the value that changes
-nothing (n=1, logprobs=false, ...); fields nobody defines are 400s too (`extra="forbid"`). Types
-are as strict as OpenAI's (pydantic's strict mode: `"stream": "yes"` or `"max_tokens": 1.5` is a
-400; an integer is a number). `Lenient` is the same strictness for the agent APIs (anthropic.py,
-responses.py), which ignore fields they do not know. `make_generation` is what every API's valid
-request asks of the engine (`Generation`: Options, stream, prediction), its settings checked in
-one place. `ApiError` is the one error type the routes turn into each API's error shape.
+The three APIs' schemas (chat.py: OpenAI's chat and text completions; anthropic.py: Messages;
+responses.py: Responses) are built of these: `ApiError`, the one error type the routes turn into
+each API's error shape, and `bad`, a 400 naming a field; `Strict` models, as strict as OpenAI's
+(`"stream": "yes"` or a field nobody defines is a 400) and `Lenient` ones, as strict about what
+they define but silent about the rest, as the agent APIs are; `tagged` unions chosen by a `type`
+field; `Body`, a whole request, which refuses a lone surrogate anywhere in it; `LIMITS`, what one
+request may make the server do, held by the types its fields use; `validation_error`, pydantic's
+complaint as a 400 naming the field; `make_generation`, what every API's valid request asks of the
+engine (`Generation`), its settings checked in one place (settings.check, via Options).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from specgen import defaults
 from specgen.engine.options import Options
@@ -24,6 +26,7 @@ from specgen.errors import SettingError
 
 # The request field for each Options setting that the API names differently.
 FIELDS = {"temp": "temperature"}
+JOIN = "\n\n"  # between the text blocks of one message, in the agent APIs
 
 
 class ApiError(Exception):
@@ -50,23 +53,59 @@ def setting_error(e: SettingError, renamed: dict[str, str] | None = None) -> Api
     return bad(name, e.naming("").strip())
 
 
-JOIN = "\n\n"  # between the text blocks of one message, in the agent APIs
+@dataclass(frozen=True)
+class Limits:
+    """What one request may make the server do (each within the body's size limit, which bounds
+    them all loosely): over one is a 400 naming the field and the limit."""
+
+    stop_sequences: int = 16  # every step of the generation looks for each of them
+    stop_chars: int = 1000  # per stop sequence; a stream holds back that much text, less one
+    tools: int = 512
+    schema_chars: int = 100_000  # one tool's JSON schema, written as JSON
+    messages: int = 10_000  # messages (Responses: input items), each rendered by the chat template
+
+
+LIMITS = Limits()
+Many = TypeVar("Many")
+Messages = Annotated[list[Many], Field(max_length=LIMITS.messages)]
+Tools = Annotated[list[Many], Field(max_length=LIMITS.tools)]
+Stop = Annotated[str, Field(max_length=LIMITS.stop_chars)]
+Stops = Annotated[list[Stop], Field(max_length=LIMITS.stop_sequences)]
+ModelName = Annotated[str, Field(min_length=1)]  # any name: the loaded model answers
+
+
+def _sized(schema: dict) -> dict:
+    try:
+        size = len(json.dumps(schema))
+    except (RecursionError, ValueError):
+        raise PydanticCustomError("schema_too_large", "is nested too deeply to be written as JSON") from None
+    if size > LIMITS.schema_chars:
+        raise PydanticCustomError("schema_too_large", "is {size} characters of JSON, over specgen's limit of "
+                                  "{limit} for one tool's schema", {"size": size, "limit": LIMITS.schema_chars})
+    return schema
+
+
+Schema = Annotated[dict[str, Any], AfterValidator(_sized)]  # a tool's JSON schema
 
 
 def tagged(default: str | None = None, **by_type: type[BaseModel]) -> Any:
     """A union of models chosen by the value of their `type` field (absent: `default`): `by_type`
-    maps each value to its model, and "other" to the model of every value not named."""
+    maps each value to its model, and "other" to the model of every value not named (and of a
+    `type` that is no string, for that model to refuse)."""
     names = {t: m.__name__ for t, m in by_type.items()}
 
     def pick(value) -> str:
         kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
-        return names.get(kind, names["other"])
+        return names.get(kind, names["other"]) if isinstance(kind, str) else names["other"]
 
     members = tuple(Annotated[m, Tag(m.__name__)] for m in dict.fromkeys(by_type.values()))
     return Annotated[Union[members], Discriminator(pick)]  # tags are class names, left out of error paths
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """Strict about types (an integer is a number, nothing else converts) and about fields: one
+    nobody defines is a 400."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
@@ -76,119 +115,87 @@ class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
+def param(loc) -> str | None:
+    """A field's path as errors name it: `messages[0].content`."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
 
 
-class FunctionCall(_Strict):
-    name: str
-    arguments: str = "{}"
+def _lone_surrogate(value) -> list | None:
+    """The path to the first string in a JSON value (or object, by a key) holding a lone UTF-16
+    surrogate, which no text encoding can write (walked without recursion: JSON nests deeper than
+    Python's stack allows)."""
+    todo = [((), value)]
+    while todo:
+        loc, value = todo.pop()
+        if isinstance(value, str) and not value.isascii() and not _encodes(value):
+            return list(loc)
+        if isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if isinstance(key, str) and not key.isascii() and not _encodes(key):
+                    return list(loc)  # the object holding the key: a path naming it could not be sent
+                todo.append(((*loc, key), item))
+        elif isinstance(value, list):
+            todo.extend(((*loc, i), item) for i, item in reversed(list(enumerate(value))))
+    return None
 
 
-class ToolCall(_Strict):
-    id: Optional[str] = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-    index: Optional[int] = None
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
-class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
-    name: Optional[str] = None
-    tool_calls: Optional[list[ToolCall]] = None
-    tool_call_id: Optional[str] = None
-    refusal: Optional[str] = None
+class Body(BaseModel):
+    """A whole request body (mixed into each route's request model)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data):
+        # An ApiError passes through pydantic untouched, so the route answers it, naming the field.
+        loc = _lone_surrogate(data)
+        if loc is not None:
+            raise bad(param(loc) or "body", "holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape that is "
+                                            "half of a pair), which is no character: send valid Unicode")
+        return data
 
 
-class Function(_Strict):
-    name: str
-    description: Optional[str] = None
-    parameters: Optional[dict[str, Any]] = None
-    strict: Optional[bool] = None
+def validation_error(errors: list[dict]) -> ApiError:
+    """A 400 naming the field pydantic refused (`messages[0].content[0].type`), or the body."""
+    if errors[0].get("type") == "json_invalid":
+        first = errors[0]
+        return ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
+    # A value that fits no member of a union fails each member: of the errors under the first one's
+    # field, the deepest says most ("input[0].role", not "input: should be a valid string"), and
+    # of equally deep ones, a limit that was passed.
+    paths = [_path(error) for error in errors]
+    best = max((i for i, p in enumerate(paths) if p[:len(paths[0])] == paths[0]),
+               key=lambda i: (len(paths[i]), errors[i]["type"] in _LIMITS))
+    first, name = errors[best], param(paths[best])
+    ctx = first.get("ctx") or {}
+    if first["type"] == "too_long":
+        what = f"holds {ctx['actual_length']} items, over specgen's limit of {ctx['max_length']} for one request"
+    elif first["type"] == "string_too_long":
+        what = f"is over specgen's limit of {ctx['max_length']} characters"
+    elif first["type"] == "extra_forbidden":
+        what = "is not a field specgen knows (and so would be ignored)"
+    else:
+        what = first["msg"][0].lower() + first["msg"][1:]
+    return ApiError(400, f"{name or 'body'}: {what}", name)
 
 
-class Tool(_Strict):
-    type: Literal["function"]
-    function: Function
+_LIMITS = {"too_long", "string_too_long", "schema_too_large"}
 
 
-class StreamOptions(_Strict):
-    include_usage: bool = False
-    include_obfuscation: Optional[bool] = None
+def _path(error: dict) -> list:
+    """The request's own path to an error: union members add their type's name to the location
+    ("str", "list[TextPart]", "function-after", "TextBlock", ...); keep lower-case field names and indices."""
+    return [p for p in error.get("loc", ()) if p != "body" and (isinstance(p, int) or p.isidentifier()
+                                                               and p.islower() and p not in _TYPES)]
 
 
-class Prediction(_Strict):
-    type: Literal["content"]
-    content: Union[str, list[TextPart]]
-
-
-def _text(content) -> str:
-    return content if isinstance(content, str) else "".join(p.text for p in content or ())
-
-
-# Fields OpenAI defines that change the output or its shape, with the values that change nothing.
-_NO_OP = {"n": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0), "best_of": (None, 1),
-          "echo": (None, False), "suffix": (None, ""), "presence_penalty": (None, 0),
-          "frequency_penalty": (None, 0), "logit_bias": (None, {}), "response_format": (None, {"type": "text"}),
-          "modalities": (None, ["text"]), "audio": (None,), "reasoning_effort": (None,),
-          "service_tier": (None, "auto", "default"), "store": (None, False), "web_search_options": (None,)}
-
-
-class _Common(_Strict):
-    """What both endpoints take."""
-
-    model: str
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    seed: Optional[int] = None
-    stop: Union[str, list[str], None] = None
-    stream: bool = False
-    stream_options: Optional[StreamOptions] = None
-    prediction: Optional[Prediction] = None
-    user: Optional[str] = None  # an end-user id for the caller's own records: changes nothing
-    metadata: Optional[dict[str, str]] = None  # likewise
-    # Accepted only at their no-op values (_NO_OP).
-    n: Optional[int] = None
-    logprobs: Union[bool, int, None] = None
-    top_logprobs: Optional[int] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, float]] = None
-    service_tier: Optional[str] = None
-    store: Optional[bool] = None
-
-    def _no_ops(self) -> None:
-        for name in self.model_fields_set:
-            allowed = _NO_OP.get(name)
-            value = getattr(self, name)
-            if allowed is not None and value not in allowed:
-                raise bad(name, f"is not supported by specgen (got {json.dumps(value, default=str)}); "
-                                f"leave it out{'' if len(allowed) < 2 else f' or set it to {json.dumps(allowed[1])}'}")
-
-    def _stops(self) -> tuple[str, ...]:
-        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        if any(not s for s in stops):
-            raise bad("stop", "must be non-empty strings")
-        return stops
-
-    def generation(self, default_max_tokens: int, max_tokens: int | None = None, **known) -> Generation:
-        """What this request asks of the engine, its settings checked (settings.check, via Options)."""
-        self._no_ops()
-        if self.stream_options is not None and not self.stream:
-            raise bad("stream_options", "is only allowed when stream is true")
-        limit = max_tokens if max_tokens is not None else self.max_tokens
-        return make_generation(max_tokens=default_max_tokens if limit is None else limit, stop=self._stops(),
-                               temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-                               seed=self.seed, stream=self.stream,
-                               include_usage=bool(self.stream_options and self.stream_options.include_usage),
-                               prediction=_text(self.prediction.content) if self.prediction else None,
-                               fields={"max_tokens": "max_completion_tokens"} if max_tokens is not None else {},
-                               **known)
+_TYPES = {"str", "int", "float", "bool", "list", "dict"}
 
 
 def make_generation(*, max_tokens: int, stop: tuple[str, ...] = (), temperature: float | None = None,
@@ -219,73 +226,3 @@ class Generation:
     stream: bool
     include_usage: bool
     prediction: str | None
-
-
-class ChatRequest(_Common):
-    """A `/v1/chat/completions` body."""
-
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = None
-    tools: Optional[list[Tool]] = None
-    tool_choice: Union[Literal["none", "auto"], dict, None] = None
-    parallel_tool_calls: Optional[bool] = None  # false: only the first tool call is returned
-    response_format: Optional[dict[str, Any]] = None
-    modalities: Optional[list[str]] = None
-    audio: Optional[dict[str, Any]] = None
-    reasoning_effort: Optional[str] = None
-    web_search_options: Optional[dict[str, Any]] = None
-
-    def generation(self, default_max_tokens: int, **known) -> Generation:
-        if self.max_tokens is not None and self.max_completion_tokens not in (None, self.max_tokens):
-            raise bad("max_tokens", "and max_completion_tokens disagree: send one of them")
-        if isinstance(self.tool_choice, dict):
-            raise bad("tool_choice", "naming a function is not supported: the model chooses (\"auto\") or "
-                                     "no tools are offered (\"none\")")
-        return super().generation(default_max_tokens, self.max_completion_tokens, **known)
-
-    def conversation(self) -> tuple[list[dict], list[dict] | None]:
-        """(messages as chat templates take them, tools or None): text parts joined, `developer`
-        as `system`, tool-call arguments as objects (as mlx-lm's server passes them)."""
-        messages = []
-        for i, m in enumerate(self.messages):
-            out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                                   "content": _text(m.content)}
-            if m.name is not None:
-                out["name"] = m.name
-            if m.tool_call_id is not None:
-                out["tool_call_id"] = m.tool_call_id
-            if m.tool_calls:
-                calls = []
-                for j, c in enumerate(m.tool_calls):
-                    try:
-                        arguments = json.loads(c.function.arguments or "{}")
-                    except json.JSONDecodeError:
-                        raise bad(f"messages[{i}].tool_calls[{j}].function.arguments", "is not JSON") from None
-                    calls.append({"id": c.id, "type": "function",
-                                  "function": {"name": c.function.name, "arguments": arguments}})
-                out["tool_calls"] = calls
-            messages.append(out)
-        tools = None
-        if self.tools and self.tool_choice != "none":
-            tools = [t.model_dump(exclude_none=True) for t in self.tools]
-        return messages, tools
-
-
-class CompletionRequest(_Common):
-    """A `/v1/completions` body: one prompt, text or token ids."""
-
-    prompt: Union[str, list[int], list[str], list[list[int]]]
-    best_of: Optional[int] = None
-    echo: Optional[bool] = None
-    suffix: Optional[str] = None
-
-    def one_prompt(self) -> str | list[int]:
-        """The prompt: a string or token ids (a list holding one of them is that one)."""
-        p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise bad("prompt", f"holds {len(p)} prompts; specgen answers one per request")
-            p = p[0]
-        if not p:
-            raise bad("prompt", "is empty")
-        return p

@@ -53,3 +53,23 @@ def leave_mid_stream(url: str, worker, path: str, body: dict, lines: int) -> int
     while worker.cancelled == before and time.monotonic() < deadline:
         time.sleep(0.01)
     return worker.cancelled - before
+
+
+def error_message(path: str, r: httpx.Response, param: str | None = None) -> str:
+    """The message of `r`, a 4xx in the error shape of the API `path` belongs to (Anthropic's under
+    /v1/messages, OpenAI's elsewhere); with `param`, the error must name it first."""
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    body = r.json()
+    if path.startswith("/v1/messages"):
+        assert body["type"] == "error" and set(body) == {"type", "error"}, body
+        assert set(body["error"]) == {"type", "message"} and isinstance(body["error"]["type"], str), body
+    else:
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert isinstance(body["error"]["type"], str), body
+        if param is not None:
+            assert body["error"]["param"] == param, body
+    message = body["error"]["message"]
+    assert isinstance(message, str) and message, body
+    if param is not None:
+        assert message.startswith(f"{param}: "), body
+    return message

@@ -176,7 +176,7 @@ def test_overflow_says_by_how_much_and_max_tokens_is_clamped_to_the_room_left(se
     used, asked, limit = map(int, re.search(r"context limit: (\d+) \+ (\d+) > (\d+)", e.value.message).groups())
     assert asked == 20000 and limit == 512 and used > limit
     long = c.messages.create(model="claude", max_tokens=20000, messages=[{"role": "user", "content": "Once upon a time " * 100}])
-    assert long.stop_reason == "max_tokens"
+    assert long.stop_reason == "model_context_window_exceeded"  # the context, not max_tokens, ended it
     assert long.usage.input_tokens + long.usage.cache_read_input_tokens + long.usage.output_tokens <= limit
 
 
