@@ -46,6 +46,7 @@ RULES: dict[str, Rule] = {
     "queue_after": _int(1),
     "repeats": _int(1),
     "batch": _int(1),
+    "max_batch": _int(1),
     "prefill_chunk": _int(1),
     "dtype": (lambda v: v in DTYPES, f"must be one of {', '.join(DTYPES)}"),
 }

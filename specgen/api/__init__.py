@@ -2,7 +2,7 @@
 
 generate.py: `load`, `generate`, `stream_generate` with mlx-lm's signatures; batching.py:
 `batch_generate` (many prompts decoded together, each speculating); batch_file.py: prompt
-files and result files (no model); batch_run.py: a prompt file through one engine.
+files, batch_results.py: result files (no model); batch_run.py: a prompt file through one engine.
 May import: specgen.engine, specgen.draft and the base modules (defaults, errors, settings).
 """
 

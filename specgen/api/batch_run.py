@@ -1,11 +1,12 @@
 """Running a batch (`specgen run --prompts FILE [-o OUT] [--batch N]`): every prompt of the file
 through one engine (one model load, one calibration), up to N decoded together (the batch engine,
 engine/batch_streams.py; each text what the prompt gives alone), each result written as one JSON
-line in input order as soon as it and those before it are done; with OUT, ids already complete
-there are skipped, so a killed batch run again finishes. Models whose caches cannot batch, and
+line in input order as soon as it and those before it are done; with OUT, what is already there
+is skipped, so a killed batch run again finishes. Models whose caches cannot batch, and
 `--batch 1`, run one prompt at a time.
 
-The file format, resuming and writing are batch_file.py's; this module only drives the engine.
+The prompts file is batch_file.py's, the results file (resuming, writing) batch_results.py's;
+this module only drives the engine.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import sys
 from typing import Iterator
 
 from specgen import defaults
-from specgen.api.batch_file import BadLine, ResultWriter, done_ids, read_items
+from specgen.api.batch_file import BadLine, read_items
+from specgen.api.batch_results import ResultWriter, check_output
 from specgen.draft.stats import RunStats
 from specgen.engine.batch_streams import Streams, batch_unsupported
 from specgen.engine.engine import Engine, Request
@@ -28,34 +30,40 @@ def run_batch(engine: Engine, opts: Options, source: str, output: str | None, *,
               system: str | None = None, say, batch: int = defaults.BATCH) -> int:
     """Run every prompt of `source` (a path, or '-' for stdin), up to `batch` at once; return the
     exit status: 0, or 1 when some lines or prompts failed (each failure is a result line with an
-    "error")."""
+    "error"), in this run or, for a bad line skipped on resuming, before."""
+    check_output(source, output)
     items = list(read_items(sys.stdin if source == "-" else source))
-    done = done_ids(output) if output else set()
-    todo = [it for it in items if it.id is None or it.id not in done]
-    if done:
-        say(f"resuming: {len(items) - len(todo)} of {len(items)} prompts already in {output}")
-    why = batch_unsupported(engine) if batch > 1 else None
-    if why:
-        engine.notice(f"prompts run one at a time: {why}")
-    results = (_one_at_a_time(engine, opts, todo, raw, system) if batch == 1 or why
-               else _batched(engine, opts, todo, raw, system, batch))
     failed = ok = 0
-    with ResultWriter(output if output else sys.stdout) as out, say.bar("prompts", len(todo)) as advance:
-        try:
-            for record in results:
-                failed += "error" in record
-                ok += "error" not in record
-                out.write(record)
-                advance()
-        except KeyboardInterrupt:
-            say(f"interrupted after {ok + failed} prompts; run the same command again to resume"
-                if output else "interrupted")
-            return EXIT_INTERRUPTED
-        finally:
-            if opts.memory:
-                engine.save_memory()  # what was learnt from the finished prompts
-    say(f"{ok} prompts done, {failed} failed" + (f", {len(items) - len(todo)} skipped" if done else ""))
-    return EXIT_SOME_FAILED if failed else EXIT_OK
+    with ResultWriter(output if output else sys.stdout) as out:
+        todo = out.resume(items)
+        if len(todo) < len(items):
+            say(f"resuming: {len(items) - len(todo)} of {len(items)} prompts already in {output}")
+        why = batch_unsupported(engine) if batch > 1 else None
+        if why:
+            engine.notice(f"prompts run one at a time: {why}")
+        results = (_one_at_a_time(engine, opts, todo, raw, system) if batch == 1 or why
+                   else _batched(engine, opts, todo, raw, system, batch))
+        with say.bar("prompts", len(todo)) as advance:
+            try:
+                for record in results:
+                    failed += "error" in record
+                    ok += "error" not in record
+                    out.write(record)
+                    advance()
+            except KeyboardInterrupt:
+                say(f"interrupted after {ok + failed} prompts; run the same command again to resume"
+                    if output else "interrupted")
+                return EXIT_INTERRUPTED
+            finally:
+                if opts.memory:
+                    engine.save_memory()  # what was learnt from the finished prompts
+        # Bad lines skipped because their errors are in the file still failed: the status says so.
+        bad = (sum(isinstance(e, BadLine) and e.id not in out.done for e in items)
+               - sum(isinstance(e, BadLine) for e in todo))
+    skipped = len(items) - len(todo)
+    say(f"{ok} prompts done, {failed} failed" + (f", {skipped} skipped" if skipped else "")
+        + (f" ({bad} bad lines, their errors already in {output})" if bad else ""))
+    return EXIT_SOME_FAILED if failed or bad else EXIT_OK
 
 
 def _request(engine: Engine, opts: Options, item, raw: bool, system: str | None) -> Request:

@@ -69,8 +69,8 @@ def builtin_sets(chat: bool) -> dict[str, list[Prompt]]:
 
 
 def read_prompt_file(path: str) -> dict[str, list[Prompt]]:
-    """Prompts from a file: one per line, or JSONL (if its first line is a JSON object, every line
-    must be one) of batch.conversation's rows with an optional "set"; InputError at a bad line."""
+    """Prompts from a file, a line each: plain text, or (a line that starts with '{') a JSON object,
+    batch_file.conversation's row with an optional "set"; InputError at a bad line."""
     sets: dict[str, list[Prompt]] = {}
     for n, row, reason in prompt_rows(path):
         try:

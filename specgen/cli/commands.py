@@ -20,6 +20,7 @@ from specgen.cli.kit import (
     cli_errors,
     fail,
     launch_group,
+    listenable,
     shared_ints,
     user_models_file,
 )
@@ -96,15 +97,24 @@ def run(
                    seed=seed, ngram_order=ngram_order, window=window, memory=memory)
     say.settings(opts.check() + check(dtype=dtype, batch=batch_rows))
     batch = prompts is not None
-    for flag, value in (("the prompt", prompt), ("--file", file), ("--predict", predict), ("--color", color)):
+    for value, why in ((prompt, f"the prompt argument ({prompt!r}) is not used with --prompts: each "
+                                "line of the file is a prompt"),
+                       (file, "--file cannot be used with --prompts: each line of the file is a prompt"),
+                       (predict, "--predict cannot be used with --prompts: a JSONL line may carry its "
+                                 "own \"prediction\""),
+                       (color, "--color cannot be used with --prompts: results are JSON lines")):
         if batch and value:
-            fail(f"{flag} cannot be used with --prompts (a JSONL line may carry its own \"prediction\")")
+            fail(why)
     if output is not None and not batch:
         fail("--output needs --prompts (a single run writes to stdout)")
     if batch_rows is not None and not batch:
         fail("--batch needs --prompts (a single prompt is decoded alone)")
     if batch and group is not None:
         fail("--prompts is not supported under mlx.launch yet: run one prompt per launch")
+    if batch:
+        from specgen.api.batch_results import check_output
+
+        check_output(prompts, output)  # run_batch checks too; here, before a slow load
     if temp > 0 and seed is None:  # every rank must sample with rank 0's seed
         opts = Options(**{**vars(opts), "seed": shared_ints(group, lambda: [secrets.randbits(32)])[0]})
     text = read_prompt(prompt, file, sys.stdin) if group is None and not batch else None  # before a slow load
@@ -195,9 +205,10 @@ def serve(
     from specgen.serve import ServeConfig, make_server, require_extra
 
     require_extra()
-    check(max_tokens=max_tokens, draft=draft, dtype=dtype, batch=max_batch)
+    check(max_tokens=max_tokens, draft=draft, dtype=dtype, max_batch=max_batch)
     if not 0 <= port <= 65535:
         fail(f"--port must be between 0 and 65535 (got {port})")
+    listenable(host)
     for flag, value in (("--max-queue", max_queue), ("--prompt-cache-bytes", prompt_cache_bytes)):
         if value < 0:
             fail(f"{flag} must be at least 0 (got {value})")

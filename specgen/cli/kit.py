@@ -1,12 +1,13 @@
 """What every `specgen` command shares: turning library errors into one line and an exit code,
-flag names for the library's setting names, notices on stderr, progress bars, and the mlx.launch
-group (loading, calibration and memory are the engine's)."""
+flag names for the library's setting names, notices on stderr, progress bars, whether serve can
+listen on its --host, and the mlx.launch group (loading, calibration and memory are the engine's)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+import socket
 import sys
 import traceback
 
@@ -22,7 +23,8 @@ FLAGS = {"max_tokens": "--max-tokens", "draft": "--draft", "ngram_order": "--ngr
          "window": "--window", "temp": "--temp", "top_p": "--top-p", "top_k": "--top-k",
          "min_p": "--min-p", "seed": "--seed", "beta": "--beta", "overlap": "--overlap",
          "queue_after": "--pipeline-after", "repeats": "--repeats", "system": "--system",
-         "dtype": "--dtype", "prompt": "the prompt", "memory": "--memory", "batch": "--batch"}
+         "dtype": "--dtype", "prompt": "the prompt", "memory": "--memory", "batch": "--batch",
+         "max_batch": "--max-batch", "output": "-o/--output"}
 DTYPE_HELP = "Convert (and dequantize) the weights to this dtype: float32, float16 or bfloat16."
 
 
@@ -106,6 +108,18 @@ user_models_file = registry.user_models_file
 
 def resolve(model: str) -> registry.ModelSpec:
     return registry.resolve(model, registry.load_registry(user_models_file()))
+
+
+def listenable(host: str) -> None:
+    """Fail naming --host unless this machine can listen on it (checked before a slow load, and
+    said in one line: uvicorn would log it and exit 3)."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind) as s:
+            s.bind(address)
+    except OSError as e:  # not an address or name (gaierror), or not this machine's
+        fail(f"--host {host}: cannot listen there ({e.strerror or e})")
 
 
 def launch_group(prompt: str | None, file: str | None, memory: bool):

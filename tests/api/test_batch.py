@@ -51,26 +51,87 @@ def test_plain_lines_from_stdin_and_a_bad_line_does_not_stop_the_others(tmp_path
     assert r.exit_code == 0, r.output
     assert [json.loads(x)["id"] for x in r.stdout.splitlines()] == ["1", "2"]
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "Once upon a time"}\n{"prompt": 3}\nnot json\n{"prompt": "The dog"}\n')
+    bad.write_text('{"prompt": "Once upon a time"}\n{"prompt": 3}\n{not json}\n{"prompt": "The dog"}\n')
     r = invoke(["run", "-n", "8", "--prompts", str(bad)])
     assert r.exit_code == 1
     out = [json.loads(x) for x in r.stdout.splitlines()]
     assert [("error" in x, x.get("line")) for x in out] == [(False, None), (True, 2), (True, 3), (False, None)]
 
 
-def test_flags_that_do_not_fit_a_batch_are_refused(prompts):
-    for extra in (["Once"], ["--predict", str(prompts)], ["--color"]):
+def test_flags_that_do_not_fit_a_batch_are_refused_each_saying_why(prompts):
+    for extra, why in ((["Once"], "the prompt argument ('Once') is not used with --prompts: each line"),
+                       (["-f", str(prompts)], "--file cannot be used with --prompts: each line"),
+                       (["--predict", str(prompts)], "--predict cannot be used with --prompts: a JSONL line"),
+                       (["--color"], "--color cannot be used with --prompts: results are JSON lines")):
         r = invoke(["run", "--prompts", str(prompts), *extra])
-        assert r.exit_code == 1 and "--prompts" in r.stderr
+        assert r.exit_code == 1 and r.stderr.startswith("specgen: error: ") and why in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and ("prediction" in r.stderr) == (extra[0] == "--predict")
     r = invoke(["run", "-o", "out.jsonl", "Once"])
     assert r.exit_code == 1 and "--output needs --prompts" in r.stderr
+
+
+BAD = ['{"id": "broken", "prompt": "torn', '{"id": "m", "nope": 1}', '{"id": "p0", "prompt": "a duplicate id"}',
+       '{"prompt": ""}']
+
+
+def test_a_rerun_adds_nothing_for_bad_lines_and_leaves_each_id_once(prompts, tmp_path):
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(prompts.read_text() + "\n".join(BAD) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = ["run", "-n", "6", "--batch", "8", "--prompts", str(mixed), "-o", str(out)]
+    assert invoke(args).exit_code == 1
+    first = out.read_bytes()
+    r = invoke(args)  # the bad lines are bad still: their errors are there, nothing is added
+    assert r.exit_code == 1 and out.read_bytes() == first
+    assert f"{len(STARTS) + 4} skipped (4 bad lines, their errors already in" in r.stderr
+    got = lines(out)
+    assert len(got) == len(STARTS) + len(BAD)  # a line an input line
+    assert sum("error" in x for x in got) == 4 and sum(x["id"] is None for x in got) == 2  # torn, dup
+    ids = [x["id"] for x in got if x["id"] is not None]
+    assert len(ids) == len(set(ids))
+    # An earlier run's error for p3, and an older version's repeated errors: taken out, p3 run.
+    errors = [x for x in got if "error" in x]
+    out.write_bytes(b"".join(json.dumps(x).encode() + b"\n" for x in got if x["id"] != "p3")
+                    + json.dumps({"id": "p3", "line": 4, "error": "out of memory"}).encode() + b"\n"
+                    + b"".join(json.dumps(x).encode() + b"\n" for x in errors))
+    assert invoke(args).exit_code == 1
+
+    def outcomes(records):
+        return sorted(json.dumps([x.get(k) for k in ("id", "line", "error", "text")]) for x in records)
+    assert outcomes(lines(out)) == outcomes(got)
+
+
+def test_a_file_that_mixes_jsonl_and_plain_lines_runs_every_line(tmp_path):
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text('The little dog\n{"id": "x", "prompt": "Once upon a time"}\nA cat sat on the mat\n')
+    r = invoke(["run", "-n", "4", "--prompts", str(mixed)])
+    assert r.exit_code == 0, r.output
+    assert [(x["id"], "text" in x) for x in map(json.loads, r.stdout.splitlines())] == [
+        ("1", True), ("x", True), ("3", True)]
+
+
+def test_the_prompts_file_as_output_is_refused_under_any_name(prompts, tmp_path):
+    before = prompts.read_bytes()
+    (tmp_path / "soft.jsonl").symlink_to(prompts)
+    os.link(prompts, tmp_path / "hard.jsonl")
+    for out in (prompts, tmp_path / "soft.jsonl", tmp_path / "hard.jsonl"):
+        r = invoke(["run", "--prompts", str(prompts), "-o", str(out)])
+        assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.output
+        assert r.stderr.startswith(f"specgen: error: -o/--output is the prompts file ({out})")
+    with prompts.open() as stdin:  # `--prompts - < FILE -o FILE`
+        r = subprocess.run([sys.executable, "-m", "specgen", "run", "--prompts", "-", "-o", str(prompts)],
+                           stdin=stdin, capture_output=True, text=True)
+    assert r.returncode == 1 and "-o/--output is the prompts file" in r.stderr
+    assert prompts.read_bytes() == before
 
 
 def test_a_batch_killed_at_a_random_point_finishes_when_run_again(prompts, tmp_path):
     whole = tmp_path / "whole.jsonl"
     assert invoke(["run", "-n", "40", "--prompts", str(prompts), "-o", str(whole)]).exit_code == 0
     out = tmp_path / "out.jsonl"
-    cmd = [sys.executable, "-m", "specgen", "run", "-q", "-n", "40", "--prompts", str(prompts), "-o", str(out)]
+    # Two rows at a time, so that results come out over the run rather than all at its end.
+    cmd = [sys.executable, "-m", "specgen", "run", "-q", "-n", "40", "--batch", "2",
+           "--prompts", str(prompts), "-o", str(out)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = random.Random().randint(1, len(STARTS) - 2)  # results written before the kill
@@ -81,6 +142,8 @@ def test_a_batch_killed_at_a_random_point_finishes_when_run_again(prompts, tmp_p
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    at_kill = out.read_bytes().count(b"\n")
+    assert proc.returncode == -signal.SIGKILL and 1 <= at_kill < len(STARTS)  # the kill landed mid-run
     with open(out, "a") as f:  # as if killed in the middle of writing a line
         f.write('{"id": "p99", "text": "half')
     assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0

@@ -1,5 +1,6 @@
-"""api/batch_file.py without a model: reading a prompts file or stream, resuming from a results
-file (a line torn by a kill cut off, everything else kept), and writing results as durable lines."""
+"""api/batch_file.py and batch_results.py without a model: reading a prompts file or stream,
+resuming from a results file (a line torn by a kill cut off, superseded errors taken out, every
+result kept), and writing results as durable lines."""
 
 import io
 import json
@@ -10,9 +11,11 @@ import threading
 
 import pytest
 
-from specgen.api.batch_file import BadLine, Item, ResultWriter, done_ids, read_items
+from specgen.api import batch_results
+from specgen.api.batch_file import BadLine, Item, read_items
+from specgen.api.batch_results import ResultWriter
 from specgen.cli.bench import read_prompt_file
-from specgen.errors import InputError
+from specgen.errors import InputError, SettingError
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 
@@ -26,9 +29,21 @@ def test_jsonl_rows_ids_default_to_line_numbers_and_extra_fields_come_through(tm
 
 
 def test_plain_text_lines_from_a_stream_keep_their_line_numbers():
-    stream = io.StringIO("Once upon a time\n\n  \n{not the first line, so a prompt}\r\nlast")
+    stream = io.StringIO("Once upon a time\n\n  \n[not JSON, so a prompt]\r\nlast")
     assert list(read_items(stream)) == [Item("1", 1, "Once upon a time"),
-                                        Item("4", 4, "{not the first line, so a prompt}"), Item("5", 5, "last")]
+                                        Item("4", 4, "[not JSON, so a prompt]"), Item("5", 5, "last")]
+
+
+def test_each_line_is_json_or_plain_text_on_its_own():
+    stream = io.StringIO('{"prompt": "a"}\nplain b\n  {"id": "c", "prompt": "c"}\n"quoted," she said\n'
+                         '{"prompt": "torn\n{ a brace, then text }\n')
+    got = list(read_items(stream))
+    assert got[:4] == [Item("1", 1, "a"), Item("2", 2, "plain b"), Item("c", 3, "c"),
+                       Item("4", 4, '"quoted," she said')]
+    assert [(x.line, x.id) for x in got[4:]] == [(5, None), (6, None)]  # not run as text
+    assert all(x.error.startswith("not JSON") and "{\"prompt\"" in x.error for x in got[4:])
+    got = list(read_items(io.StringIO('plain first\n{"id": "x", "prompt": "json second"}\n')))
+    assert got == [Item("1", 1, "plain first"), Item("x", 2, "json second")]
 
 
 def test_a_json_string_may_hold_a_unicode_line_separator(tmp_path):
@@ -38,7 +53,7 @@ def test_a_json_string_may_hold_a_unicode_line_separator(tmp_path):
 
 
 def test_bad_lines_are_reported_with_their_line_and_the_others_come_through(tmp_path):
-    rows = ['{"prompt": "ok"}', '"prompt": "b"}', "[1, 2]", '{"id": "m", "nope": 1}', '{"prompt": 3}',
+    rows = ['{"prompt": "ok"}', '{"prompt": "b"', '{"a": 1} [2]', '{"id": "m", "nope": 1}', '{"prompt": 3}',
             '{"id": true, "prompt": "c"}', '{"messages": [{"role": "user", "content": "x"}, '
             '{"role": "assistant", "content": "y"}]}', '{"prompt": "d", "max_tokens": 0}',
             '{"prompt": "e", "prediction": ["e"]}', '{"prompt": "last"}']
@@ -48,7 +63,7 @@ def test_bad_lines_are_reported_with_their_line_and_the_others_come_through(tmp_
     assert [(x.line, x.id) for x in got if isinstance(x, Item)] == [(1, "1"), (10, "10")]
     bad = {x.line: (x.id, x.error) for x in got if isinstance(x, BadLine)}
     assert bad[2][0] is None and bad[2][1].startswith("not JSON")
-    assert bad[3] == (None, "expected a JSON object")
+    assert bad[3][0] is None and bad[3][1].startswith("not JSON (Extra data)")
     assert bad[4][0] == "m" and '"prompt"' in bad[4][1] and '"messages"' in bad[4][1]
     assert bad[5] == ("5", '"prompt" must be a non-empty string')
     assert bad[6] == (None, '"id" must be a non-empty string or an integer')
@@ -59,15 +74,15 @@ def test_bad_lines_are_reported_with_their_line_and_the_others_come_through(tmp_
     assert all("\n" not in error for _, error in bad.values())
 
 
-def test_a_duplicate_id_is_a_bad_line_the_first_one_runs():
+def test_a_duplicate_id_is_a_bad_line_the_first_one_runs():  # the id is the first one's, not its own
     stream = io.StringIO('{"id": "a", "prompt": "1"}\n{"id": "2", "prompt": "2"}\n{"prompt": "3"}\n'
                          '{"id": "a", "prompt": "4"}\n{"id": 2, "prompt": "5"}\n')
     got = list(read_items(stream))
     assert [x.id for x in got if isinstance(x, Item)] == ["a", "2", "3"]
-    assert got[3] == BadLine(4, "a", 'duplicate "id" "a", first on line 1')
-    assert got[4] == BadLine(5, "2", 'duplicate "id" "2", first on line 2')
+    assert got[3] == BadLine(4, None, 'duplicate "id" "a", first on line 1')
+    assert got[4] == BadLine(5, None, 'duplicate "id" "2", first on line 2')
     got = list(read_items(io.StringIO('{"id": 2, "prompt": "1"}\n{"prompt": "2"}\n')))
-    assert got[1] == BadLine(2, "2", 'duplicate "id" "2", first on line 1 (this line\'s id is its number)')
+    assert got[1] == BadLine(2, None, 'duplicate "id" "2", first on line 1 (this line\'s id is its number)')
 
 
 def test_a_missing_prompts_file_is_an_input_error_at_once(tmp_path):
@@ -91,58 +106,116 @@ def results(*records) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in records)
 
 
+def done(out) -> set[str]:
+    with ResultWriter(out) as w:
+        return w.done
+
+
 def test_resuming_cuts_a_half_written_last_line_and_keeps_every_complete_one(tmp_path):
     out = tmp_path / "out.jsonl"
     good = results({"id": "1", "text": "a"}, {"id": "2", "text": "b"}, {"id": "3", "text": "c"})
     out.write_bytes(good + b'{"id": "4", "text": "hal')
-    assert done_ids(out) == {"1", "2", "3"}
+    assert done(out) == {"1", "2", "3"}
     assert out.read_bytes() == good
-    assert done_ids(out) == {"1", "2", "3"} and out.read_bytes() == good  # a second look changes nothing
+    assert done(out) == {"1", "2", "3"} and out.read_bytes() == good  # a second look changes nothing
     out.write_bytes(good + b'{"id": "4", "te\n')  # torn, yet ended by a newline: still cut
-    assert done_ids(out) == {"1", "2", "3"} and out.read_bytes() == good
+    assert done(out) == {"1", "2", "3"} and out.read_bytes() == good
     out.write_bytes(good + b"\0\0\0")  # what a power cut can leave
-    assert done_ids(out) == {"1", "2", "3"} and out.read_bytes() == good
+    assert done(out) == {"1", "2", "3"} and out.read_bytes() == good
     out.write_bytes(good + b'{"id": "4", "text": "d"}')  # whole, only its newline missing: kept
-    assert done_ids(out) == {"1", "2", "3", "4"}
+    assert done(out) == {"1", "2", "3", "4"}
     assert out.read_bytes() == good + b'{"id": "4", "text": "d"}\n'
     out.write_bytes(b'{"id": "1", "te')
-    assert done_ids(out) == set() and out.read_bytes() == b""
-    assert done_ids(tmp_path / "missing.jsonl") == set() and not (tmp_path / "missing.jsonl").exists()
-    assert done_ids(os.devnull) == set()
+    assert done(out) == set() and out.read_bytes() == b""
+    assert done(os.devnull) == set()
 
 
-def test_error_results_are_not_done_so_a_rerun_retries_them(tmp_path):
+ERRORS = [{"id": "1", "text": "a"}, {"id": "2", "line": 2, "error": "too long"},
+          {"id": None, "line": 3, "error": "not JSON"}, {"id": None, "line": 3, "error": "not JSON"},
+          {"id": "4", "line": 4, "error": "x"}, {"id": "4", "text": "retried"},
+          {"id": None, "line": 9, "error": "not JSON"}, {"id": "other", "text": "another file's"}]
+
+
+def test_a_rerun_skips_texts_and_identical_errors_and_takes_out_the_errors_it_replaces(tmp_path):
     out = tmp_path / "out.jsonl"
-    out.write_bytes(results({"id": "1", "text": "a"}, {"id": "2", "error": "too long"},
-                            {"id": None, "line": 3, "error": "not JSON"}, {"id": "4", "error": "x"},
-                            {"id": "4", "text": "retried"}))
-    assert done_ids(out) == {"1", "4"}
+    out.write_bytes(results(*ERRORS))
+    entries = [Item("1", 1, "a"), Item("2", 2, "b"), BadLine(3, None, "not JSON"), Item("4", 4, "d"),
+               BadLine(5, None, "duplicate"), Item("9", 9, "fixed")]
+    with ResultWriter(out) as w:
+        assert w.done == {"1", "4", "other"}
+        assert w.resume(entries) == [Item("2", 2, "b"), BadLine(5, None, "duplicate"), Item("9", 9, "fixed")]
+        # Out: the errors of lines 2 and 9 (run again), the repeat of line 3's, the error of 4 (done).
+        assert out.read_bytes() == results(*(ERRORS[i] for i in (0, 2, 5, 7)))
+        w.write({"id": "2", "text": "b"})  # into the file that is there now
+    assert out.read_bytes() == results(*(ERRORS[i] for i in (0, 2, 5, 7)), {"id": "2", "text": "b"})
+    with ResultWriter(out) as w:  # nothing left to run or take out: the file as it was
+        assert w.resume(entries[:4]) == [] and w.lines[-1].record == {"id": "2", "text": "b"}
 
 
-@pytest.mark.parametrize("junk", [b"not json\n", b"[1, 2]\n", b'{"text": "no id"}\n'])
+def test_the_rewrite_replaces_the_file_a_link_points_to_and_keeps_its_mode(tmp_path):
+    real, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    real.write_bytes(results(*ERRORS))
+    real.chmod(0o640)
+    link.symlink_to(real)
+    with ResultWriter(link) as w:
+        w.resume([Item("2", 2, "b")])
+    assert link.is_symlink() and real.read_bytes() == results(*(ERRORS[i] for i in (0, 2, 5, 6, 7)))
+    assert real.stat().st_mode & 0o777 == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["link.jsonl", "real.jsonl"]  # nothing left beside it
+
+
+def test_a_rewrite_that_fails_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(results(*ERRORS))
+
+    def full(*_):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(batch_results.os, "replace", full)
+    with ResultWriter(out) as w, pytest.raises(InputError, match="cannot rewrite .*No space left"):
+        w.resume([Item("2", 2, "b")])
+    assert out.read_bytes() == results(*ERRORS) and os.listdir(tmp_path) == ["out.jsonl"]
+
+
+@pytest.mark.parametrize("junk", [b"not json\n", b"[1, 2]\n", b'{"text": "no id"}\n',
+                                  b'{"id": "p1", "prompt": "a"}\n', b'{"id": 3, "text": "an int id"}\n',
+                                  b'{"id": null, "text": "a"}\n'])
 def test_a_file_that_is_not_results_is_refused_and_left_untouched(tmp_path, junk):
     out = tmp_path / "out.jsonl"
     before = results({"id": "1", "text": "a"}) + junk + results({"id": "3", "text": "c"}) + b'{"id": "4"'
     out.write_bytes(before)
     with pytest.raises(InputError, match=r"out\.jsonl:2: not a result line"):
-        done_ids(out)
+        ResultWriter(out)
     assert out.read_bytes() == before
     out.write_bytes(b"my notes, no newline")  # a last line that is not ours is not cut either
     with pytest.raises(InputError, match=r"out\.jsonl:1"):
-        done_ids(out)
-    with pytest.raises(InputError, match=r"out\.jsonl:1"):
         ResultWriter(out)
     assert out.read_bytes() == b"my notes, no newline"
-    out.write_bytes(results({"id": "1"}) + junk)  # a whole last line that is not ours is not cut
+    out.write_bytes(results({"id": "1", "text": "a"}) + junk.rstrip())  # nor a whole last one, unended
     with pytest.raises(InputError, match=r"out\.jsonl:2"):
-        done_ids(out)
-    assert out.read_bytes() == results({"id": "1"}) + junk
+        ResultWriter(out)
+    assert out.read_bytes() == results({"id": "1", "text": "a"}) + junk.rstrip()
+
+
+def test_the_prompts_file_as_results_file_is_refused_under_any_name(tmp_path):
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "x"}\n')
+    (tmp_path / "soft.jsonl").symlink_to(prompts)
+    os.link(prompts, tmp_path / "hard.jsonl")
+    for name in ("in.jsonl", "soft.jsonl", "hard.jsonl", "./../" + tmp_path.name + "/in.jsonl"):
+        with pytest.raises(SettingError) as e:
+            batch_results.check_output(str(prompts), str(tmp_path / name))
+        assert e.value.param == "output"
+    batch_results.check_output(str(prompts), str(tmp_path / "out.jsonl"))  # not there yet
+    (tmp_path / "copy.jsonl").write_bytes(prompts.read_bytes())
+    batch_results.check_output(str(prompts), str(tmp_path / "copy.jsonl"))  # a copy is refused later:
+    with pytest.raises(InputError, match="copy.jsonl:1: not a result line"):  # its lines have no text
+        ResultWriter(tmp_path / "copy.jsonl")
 
 
 def test_the_writer_appends_whole_lines_and_never_glues_onto_a_torn_one(tmp_path):
     out = tmp_path / "out.jsonl"
     out.write_bytes(results({"id": "1", "text": "a"}) + b'{"id": "2", "te')
-    with ResultWriter(str(out)) as w:  # without done_ids first: it cuts the torn line itself
+    with ResultWriter(str(out)) as w:
         w.write({"id": "2", "text": "héllo\nworld\u2028"})
         assert out.read_bytes().count(b"\n") == 2  # on disk before the writer is closed
         with pytest.raises(ValueError):
@@ -150,28 +223,40 @@ def test_the_writer_appends_whole_lines_and_never_glues_onto_a_torn_one(tmp_path
     assert [json.loads(x) for x in out.read_bytes().split(b"\n")[:-1]] == [
         {"id": "1", "text": "a"}, {"id": "2", "text": "héllo\nworld\u2028"}]
     assert "héllo".encode() in out.read_bytes()  # ensure_ascii=False
-    assert done_ids(out) == {"1", "2"}
+    assert done(out) == {"1", "2"}
 
 
-def test_the_writer_on_a_stream_writes_and_flushes_and_leaves_it_open(tmp_path):
+def test_the_writer_on_a_stream_writes_and_flushes_and_leaves_it_open(tmp_path, monkeypatch):
     stream = io.StringIO()
     with ResultWriter(stream) as w:
         w.write({"id": "1", "text": "ü"})
     assert stream.getvalue() == '{"id": "1", "text": "ü"}\n' and not stream.closed
-    with ResultWriter(os.devnull) as w:  # a device (as /dev/stdout is) is neither locked nor fsynced
-        w.write({"id": "1"})
+    # A device (as /dev/stdout is) is neither locked (a terminal is shared) nor fsynced (it cannot be).
+    calls = []
+    monkeypatch.setattr(batch_results.os, "fsync", lambda fd: calls.append("fsync"))
+    monkeypatch.setattr(batch_results.fcntl, "flock", lambda fd, how: calls.append("flock"))
+    with ResultWriter(os.devnull) as w:
+        w.write({"id": "1", "text": "a"})
+        assert w.resume([Item("1", 1, "a")]) == [Item("1", 1, "a")]  # nothing to resume from
+    assert calls == []
+    with ResultWriter(tmp_path / "out.jsonl") as w:
+        w.write({"id": "1", "text": "a"})
+    assert calls == ["flock", "fsync", "fsync"]  # the repair's (of an empty file), the line's
     with pytest.raises(InputError, match="cannot write"):
         ResultWriter(tmp_path / "no" / "such" / "dir.jsonl")
+    with pytest.raises(InputError, match="is a directory"):
+        ResultWriter(tmp_path)
 
 
 def test_a_second_run_on_the_same_results_file_is_refused(tmp_path):
     out = tmp_path / "out.jsonl"
     with ResultWriter(out) as w:
         w.write({"id": "1", "text": "a"})
-        other = subprocess.run([sys.executable, "-c", "import sys; from specgen.api.batch_file import done_ids; "
-                                "done_ids(sys.argv[1])", str(out)], capture_output=True, text=True)
+        other = subprocess.run([sys.executable, "-c", "import sys; from specgen.api.batch_results import "
+                                "ResultWriter; ResultWriter(sys.argv[1])", str(out)],
+                               capture_output=True, text=True)
         assert other.returncode != 0 and "being written by another specgen run" in other.stderr
-    assert done_ids(out) == {"1"}  # the lock went with the writer
+    assert done(out) == {"1"}  # the lock went with the writer
 
 
 def test_bench_prompt_files_read_through_the_same_rows(tmp_path):
