@@ -214,6 +214,10 @@ def serve(
             fail(f"{flag} must be at least 0 (got {value})")
     if launch_group(None, None, memory) is not None:
         fail("serve is not supported under mlx.launch yet")
+    # before the slow load: it refuses a key no request could send
+    config = ServeConfig(model_name=model, max_tokens=max_tokens, draft=draft, memory=memory, api_key=api_key,
+                         max_queue=max_queue, max_batch=max_batch, prompt_cache_bytes=prompt_cache_bytes,
+                         allowed_origins=tuple(allowed_origins or ()))
     say = Notices(quiet)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         say.warn(f"listening on {host} without --api-key: anyone who can reach this machine can use the model")
@@ -221,9 +225,6 @@ def serve(
     engine = Engine.load(model, dtype=dtype, notice=say.warn, progress=say)
     if draft is None:
         engine.costs(recalibrate)  # once, before the first request
-    config = ServeConfig(model_name=model, max_tokens=max_tokens, draft=draft, memory=memory, api_key=api_key,
-                         max_queue=max_queue, max_batch=max_batch, prompt_cache_bytes=prompt_cache_bytes,
-                         allowed_origins=tuple(allowed_origins or ()))
     say(f"serving {engine.name} on http://{host}:{port}/v1 (OPENAI_BASE_URL=http://{host}:{port}/v1)")
     make_server(engine, config, host, port, log_level="warning" if quiet else "info").run()
 
