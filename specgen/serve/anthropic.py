@@ -206,8 +206,8 @@ def _user(blocks: list, where: str, called: set[str]) -> list[dict]:
             text.append(b.text)
         elif isinstance(b, ToolResultBlock):
             if b.tool_use_id not in called:
-                raise bad(f"{where}[{j}].tool_use_id", f"{b.tool_use_id!r} answers no earlier tool_use block: "
-                                                       "a tool_result follows the tool_use it answers")
+                raise bad(f"{where}[{j}].tool_use_id", f"{b.tool_use_id!r} answers no earlier tool_use "
+                                                       "block: a tool_result follows the tool_use it answers")
             if text:  # text before a result is said before it
                 out.append({"role": "user", "content": JOIN.join(text)})
                 text = []

@@ -37,5 +37,5 @@ class ServeConfig:
         key = self.api_key
         # HTTP headers carry ASCII, and their ends' spaces are trimmed: any other key never matches
         if key is not None and not (key and key.isascii() and key.isprintable() and key == key.strip()):
-            raise SpecgenError(f"--api-key must be printable ASCII with no space at either end (got {key!r}): "
-                               "no request could send it")
+            raise SpecgenError(f"--api-key must be printable ASCII with no space at either end "
+                               f"(got {key!r}): no request could send it")

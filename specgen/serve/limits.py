@@ -1,4 +1,5 @@
-"""Refusing request bodies over a size before the routes read them (413, in the error shape of the API asked)."""
+"""Refusing request bodies over a size before the routes read them (413, in the error shape of the
+API asked)."""
 
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ def protocol(max_head_bytes: int, error_body: Callable[[str, ApiError], dict]) -
             body = json.dumps(error_body(path, error)).encode()
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                        (b"connection", b"close")]
-            for event in (h11.Response(status_code=431, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+            response = h11.Response(status_code=431, headers=headers)
+            for event in (response, h11.Data(data=body), h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))
             self.draining = True
             if self.transport.can_write_eof():

@@ -167,8 +167,9 @@ class ResponsesRequest(Lenient, Body):
                 called.add(item.call_id)
             elif isinstance(item, OutputItem):
                 if item.call_id not in called:
-                    raise bad(f"{where}.call_id", f"{item.call_id!r} answers no earlier {item.type.removesuffix('_output')} "
-                                                  "item: an output follows the call it answers")
+                    call = item.type.removesuffix("_output")
+                    raise bad(f"{where}.call_id", f"{item.call_id!r} answers no earlier {call} item: "
+                                                  "an output follows the call it answers")
                 messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, f"{where}.output")})
             elif item.type == "item_reference":
                 raise bad(where, "item references are not supported: specgen stores no responses; send the items")

@@ -80,8 +80,9 @@ def _sized(schema: dict) -> dict:
     except (RecursionError, ValueError):
         raise PydanticCustomError("schema_too_large", "is nested too deeply to be written as JSON") from None
     if size > LIMITS.schema_chars:
-        raise PydanticCustomError("schema_too_large", "is {size} characters of JSON, over specgen's limit of "
-                                  "{limit} for one tool's schema", {"size": size, "limit": LIMITS.schema_chars})
+        raise PydanticCustomError("schema_too_large", "is {size} characters of JSON, over specgen's "
+                                  "limit of {limit} for one tool's schema",
+                                  {"size": size, "limit": LIMITS.schema_chars})
     return schema
 
 
@@ -175,7 +176,8 @@ def validation_error(errors: list[dict]) -> ApiError:
     first, name = errors[best], param(paths[best])
     ctx = first.get("ctx") or {}
     if first["type"] == "too_long":
-        what = f"holds {ctx['actual_length']} items, over specgen's limit of {ctx['max_length']} for one request"
+        what = (f"holds {ctx['actual_length']} items, over specgen's limit of {ctx['max_length']} "
+                "for one request")
     elif first["type"] == "string_too_long":
         what = f"is over specgen's limit of {ctx['max_length']} characters"
     elif first["type"] == "extra_forbidden":

@@ -92,7 +92,8 @@ def test_the_official_client_sees_a_bad_request_error(served):
         client(served).chat.completions.create(model="demo", messages=MSG, temperature=-1)
     assert e.value.body["param"] == "temperature"
     # any other name is served by the loaded model, as on the agent APIs
-    assert client(served).chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=2).model == "gpt-4o"
+    answer = client(served).chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=2)
+    assert answer.model == "gpt-4o"
 
 
 def test_the_api_key_is_required_when_set_and_browsers_may_ask_first(engine):

@@ -55,9 +55,11 @@ KINDS = [  # a `type` that is a list or an object, and a text.format that is no 
     ("/v1/messages", {**MESSAGES, "system": [{"type": {}, "text": "hi"}]}, "system[0].type"),
     ("/v1/messages/count_tokens", said("/v1/messages/count_tokens", [{"type": ["text"], "text": "hi"}]),
      "messages[0].content[0].type"),
-    ("/v1/responses", {**RESPONSES, "input": [{"type": [], "role": "user", "content": "hi"}]}, "input[0].type"),
+    ("/v1/responses", {**RESPONSES, "input": [{"type": [], "role": "user", "content": "hi"}]},
+     "input[0].type"),
     ("/v1/responses", {**RESPONSES, "tools": [{"type": {"a": 1}, "name": "f"}]}, "tools[0].type"),
-    ("/v1/chat/completions", said("/v1/chat/completions", [{"type": [], "text": "hi"}]), "messages[0].content[0].type"),
+    ("/v1/chat/completions", said("/v1/chat/completions", [{"type": [], "text": "hi"}]),
+     "messages[0].content[0].type"),
     ("/v1/responses", {**RESPONSES, "text": {"format": "json"}}, "text.format"),
     ("/v1/responses", {**RESPONSES, "text": {"format": 5}}, "text.format"),
     ("/v1/responses", {**RESPONSES, "text": {"format": True}}, "text.format"),
@@ -82,11 +84,12 @@ def _over_the_limits() -> list[tuple[str, dict, str, int]]:
 
     L, many = LIMITS, [{"role": "user", "content": "hi"}] * (LIMITS.messages + 1)
     big = {"type": "object", "description": "x" * L.schema_chars}
-    cases = [("/v1/chat/completions", {**CHAT, "stop": ["x"] * (L.stop_sequences + 1)}, "stop", L.stop_sequences),
+    cases = [("/v1/chat/completions", {**CHAT, "stop": ["x"] * (L.stop_sequences + 1)}, "stop",
+              L.stop_sequences),
              ("/v1/chat/completions", {**CHAT, "stop": "x" * (L.stop_chars + 1)}, "stop", L.stop_chars),
              ("/v1/completions", {**COMPLETION, "stop": ["x" * (L.stop_chars + 1)]}, "stop[0]", L.stop_chars),
-             ("/v1/messages", {**MESSAGES, "stop_sequences": ["x"] * (L.stop_sequences + 1)}, "stop_sequences",
-              L.stop_sequences),
+             ("/v1/messages", {**MESSAGES, "stop_sequences": ["x"] * (L.stop_sequences + 1)},
+              "stop_sequences", L.stop_sequences),
              ("/v1/messages", {**MESSAGES, "stop_sequences": ["x" * (L.stop_chars + 1)]}, "stop_sequences[0]",
               L.stop_chars),
              ("/v1/chat/completions", {**CHAT, "messages": many}, "messages", L.messages),
@@ -106,22 +109,24 @@ def test_what_one_request_may_make_the_server_do_is_bounded(served):
         assert f"limit of {limit}" in message, message
 
 
+RESULT = [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}]
 REFUSED = [  # what Anthropic's and OpenAI's APIs refuse (finding 5), and an empty model name (6)
     ("/v1/messages", {**MESSAGES, "temperature": 5}, "temperature"),
     ("/v1/messages", {**MESSAGES, "metadata": "x"}, "metadata"),
     ("/v1/messages", {**MESSAGES, "metadata": {"user_id": 5}}, "metadata.user_id"),
-    ("/v1/messages", said("/v1/messages", [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}]),
-     "messages[0].content[0].tool_use_id"),
+    ("/v1/messages", said("/v1/messages", RESULT), "messages[0].content[0].tool_use_id"),
     ("/v1/messages", said("/v1/messages", ""), "messages[0].content"),
     ("/v1/messages", said("/v1/messages", []), "messages[0].content"),
-    ("/v1/messages", {**MESSAGES, "messages": [*MSG, {"role": "assistant", "content": []}, *MSG]}, "messages[1].content"),
-    ("/v1/messages", {**MESSAGES, "system": [{"type": "image", "source": {"type": "base64", "data": ""}}]}, "system[0]"),
+    ("/v1/messages", {**MESSAGES, "messages": [*MSG, {"role": "assistant", "content": []}, *MSG]},
+     "messages[1].content"),
+    ("/v1/messages", {**MESSAGES, "system": [{"type": "image", "source": {"type": "base64", "data": ""}}]},
+     "system[0]"),
     ("/v1/messages", {**MESSAGES, "model": ""}, "model"),
     ("/v1/messages/count_tokens", {**COUNT, "model": ""}, "model"),
     ("/v1/responses", {**RESPONSES, "temperature": 2.5}, "temperature"),
     ("/v1/responses", {**RESPONSES, "metadata": "x"}, "metadata"),
-    ("/v1/responses", {**RESPONSES, "input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]},
-     "input[0].call_id"),
+    ("/v1/responses", {**RESPONSES, "input": [{"type": "function_call_output", "call_id": "c9",
+                                                "output": "x"}]}, "input[0].call_id"),
     ("/v1/responses", {**RESPONSES, "model": ""}, "model"),
     ("/v1/chat/completions", {**CHAT, "temperature": 2.5}, "temperature"),
     ("/v1/chat/completions", {**CHAT, "model": ""}, "model"),
@@ -136,13 +141,15 @@ def test_what_the_apis_refuse_is_a_400_naming_the_field(served, path, body, para
 
 def test_what_the_apis_take_is_still_taken(served):
     use = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]}
-    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}]}
+    result = {"role": "user", "content": RESULT}
     call = [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
             {"type": "function_call_output", "call_id": "c1", "output": "18 C"}]
+    prefill = {"role": "assistant", "content": ""}  # a final assistant message may be empty
     for path, body in (("/v1/messages", {**MESSAGES, "messages": [*MSG, use, result]}),
-                       ("/v1/messages", {**MESSAGES, "messages": [*MSG, {"role": "assistant", "content": ""}]}),
+                       ("/v1/messages", {**MESSAGES, "messages": [*MSG, prefill]}),
                        ("/v1/messages", {**MESSAGES, "temperature": 1, "metadata": {"user_id": "u"}}),
-                       ("/v1/responses", {**RESPONSES, "input": call, "temperature": 2, "metadata": {"k": "v"}})):
+                       ("/v1/responses", {**RESPONSES, "input": call, "temperature": 2,
+                                          "metadata": {"k": "v"}})):
         r = post(served, path, body)
         assert r.status_code == 200, r.text
 
@@ -192,7 +199,8 @@ def test_a_chunked_body_over_the_limit_is_a_413_in_each_apis_shape(demo_engine):
 
 def test_a_head_over_the_limit_is_a_431_and_the_server_serves_on(served):
     for path in ("/v1/chat/completions", "/v1/messages"):
-        r = httpx.post(f"{served.base_url}{path}", json=VALID[path], headers={"x-big": "a" * 1_000_000}, timeout=30)
+        r = httpx.post(f"{served.base_url}{path}", json=VALID[path], headers={"x-big": "a" * 1_000_000},
+                       timeout=30)
         assert r.status_code == 431, r.text
         error_message(path, r)
     assert post(served, "/v1/chat/completions", CHAT).status_code == 200
@@ -202,7 +210,8 @@ def test_a_head_over_the_limit_is_a_431_and_the_server_serves_on(served):
     ("/v1/chat/completions", said("/v1/chat/completions", "a\ud800b"), "messages[0].content"),
     ("/v1/chat/completions", {**CHAT, "tools": [_tool("/v1/chat/completions", {"\udfff": 1})]},
      "tools[0].function.parameters"),
-    ("/v1/messages", said("/v1/messages", [{"type": "text", "text": "\udc00"}]), "messages[0].content[0].text"),
+    ("/v1/messages", said("/v1/messages", [{"type": "text", "text": "\udc00"}]),
+     "messages[0].content[0].text"),
     ("/v1/responses", {**RESPONSES, "instructions": "\ud83d"}, "instructions"),
     ("/v1/completions", {**COMPLETION, "prompt": "\ud800"}, "prompt")])
 def test_a_lone_surrogate_is_a_400_naming_where_it_is(served, path, body, param):
@@ -210,7 +219,8 @@ def test_a_lone_surrogate_is_a_400_naming_where_it_is(served, path, body, param)
 
 
 def test_messages_say_when_the_context_ended_the_answer_not_max_tokens(served):
-    long = {**MESSAGES, "max_tokens": 20000, "messages": [{"role": "user", "content": "Once upon a time " * 100}]}
+    long = {**MESSAGES, "max_tokens": 20000,
+            "messages": [{"role": "user", "content": "Once upon a time " * 100}]}
     whole = post(served, "/v1/messages", long).json()
     streamed = post(served, "/v1/messages", {**long, "stream": True}).text
     delta = json.loads(streamed.split("event: message_delta\ndata: ")[1].split("\n")[0])
