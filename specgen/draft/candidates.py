@@ -5,7 +5,7 @@ target's recycled choice, whichever is likelier. drafter.py chooses how many of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
 from specgen.draft.acceptance import Acceptance, Evidence, EvidenceTable, odds_scaled
@@ -25,6 +25,7 @@ class Draft:
     tokens: list[int]
     evidence: list[Evidence]
     copy: CopySource | None  # the copy it follows (None once the n-gram tables took over)
+    chances: list[float] = field(default_factory=list)  # each token's, given the ones before it
 
 
 class DrafterState(Protocol):
@@ -120,6 +121,7 @@ def candidates(self: DrafterState, keys: list[int] | None, made: Draft, guess: G
             tok, ev, q = alt.token, alt.evidence, alt.q
         tokens.append(tok)
         evidence.append(ev)
+        made.chances.append(q)
         yield q
         i += 1
         ctx.append(tok)

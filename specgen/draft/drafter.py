@@ -18,6 +18,7 @@ more copy source, followed and trusted while the output follows it (prediction.p
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Sequence
 
 from specgen import defaults
@@ -28,7 +29,7 @@ from specgen.draft.acceptance import (
 )
 from specgen.draft.candidates import HAZARD_KINDS, Draft, candidates
 from specgen.draft.copies import Copies
-from specgen.draft.events import PredictionCounts, Verdict
+from specgen.draft.events import Ahead, PredictionCounts, Verdict
 from specgen.draft.guess import NGramGuesser
 from specgen.draft.length import CostFn, choose_length, cost_table, linear_cost
 from specgen.draft.ngram import NGramTables, context_keys, keys_along
@@ -165,6 +166,28 @@ class AdaptiveDrafter:
         self.last = made
         return made.tokens
 
+    def continuation(self, drafts: Sequence[int], room: int) -> Ahead:
+        """What it would draft after `drafts` if they all held, for a pass queued before the
+        verdict on them is read: a draft of up to len(drafts) + room tokens from its state now,
+        which must begin with `drafts`, less them, and the chance it gives `drafts` of holding
+        whole (0 where that draft does not begin with them). The coming verdict is on its last
+        draft still; with no `drafts`, on this one's first token (see `guess_only`)."""
+        last = self.last
+        made = self._propose(len(drafts) + room) if room > 0 else None
+        if drafts:
+            self.last = last
+        else:
+            self.guess_only()
+        if made is None or made.tokens[: len(drafts)] != list(drafts):
+            return Ahead([], 0.0 if drafts else 1.0)
+        return Ahead(made.tokens[len(drafts):], math.prod(made.chances[: len(drafts)]))
+
+    def guess_only(self) -> None:
+        """Its last draft will not be verified: the next token alone judges its first one (the
+        verdict on a shadow draft or a queued pass's guess; the rest are never judged)."""
+        if self.last is not None:
+            del self.last.tokens[1:], self.last.evidence[1:], self.last.chances[1:]
+
     def would_draft(self, room: int) -> bool:
         """Whether `draft(room)` would draft anything; nothing is remembered for a verdict."""
         return self._propose(room) is not None
@@ -197,7 +220,7 @@ class AdaptiveDrafter:
         k = choose_length(candidates(self, keys, made, guess), table, room, self.params.min_p)
         if k == 0:
             return None
-        del made.tokens[k:], made.evidence[k:]
+        del made.tokens[k:], made.evidence[k:], made.chances[k:]
         return made
 
     def _in_session(self, respell: dict[int, int] | None) -> None:

@@ -4,6 +4,7 @@ model-free code such as simulate and stats can use them).
 - `Prefilled`, `Step`: what `decode.generate` yields.
 - `Verdict`: what the loop tells the drafter about its last draft.
 - `Drafter`: what the loop asks of a drafter.
+- `Ahead`: what a drafter would draft past a draft not yet verified.
 - `PredictionCounts`: how the drafts from a caller's predicted output fared.
 """
 
@@ -52,6 +53,7 @@ class Step:
     stop_reason: str | None = None
     confirmed: bool = False
     stop_token: int | None = None
+    queued: bool = False  # its pass was queued behind the one before, before that one was read
 
 
 class Verdict(NamedTuple):
@@ -66,6 +68,15 @@ class Verdict(NamedTuple):
         """For a step that drafted `drafted` tokens, of which the first `matched` equal the target's
         choices, and emitted `emitted` tokens (fewer than matched + 1 after a stop)."""
         return cls(min(matched, emitted), matched < drafted and matched < emitted)
+
+
+class Ahead(NamedTuple):
+    """A drafter's continuation past a draft not yet verified (`Drafter.continuation`): the tokens
+    it would draft next if that draft held (the first one a guess at the verify pass's own next
+    token), and the chance it gives that draft of holding whole."""
+
+    tokens: list[int]
+    chance: float
 
 
 class PredictionCounts(NamedTuple):
@@ -86,6 +97,12 @@ class Drafter(Protocol):
 
     def would_draft(self, room: int) -> bool:
         """Whether `draft` would draft anything here (asked of steps that cannot use a draft)."""
+
+    def continuation(self, drafts: Sequence[int], room: int) -> Ahead | None:
+        """What it would draft after `drafts` (its last draft) if they held (None: it cannot say)."""
+
+    def guess_only(self) -> None:
+        """Its last draft is not verified: only its first token is judged, by the next token."""
 
     def recycle(self, inputs: Sequence[int], predicted: Sequence[int]) -> None:
         """The target's own choice after each of `inputs` in a forward pass (rejected drafts too)."""

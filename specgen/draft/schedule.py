@@ -39,6 +39,10 @@ class Schedule:
         """Whether the drafter had something to say at this step."""
         self.silent = 0 if drafted else self.silent + 1
 
+    def fits(self, pos: int) -> bool:
+        """Whether a token may still be emitted at absolute position `pos`."""
+        return pos < self.end and (self.context_length is None or pos < self.context_length)
+
     def queue_next(self, pos: int) -> bool:
         """Whether the plain step after the one at `pos` is queued before `pos` is read back."""
         return (self.queue_after is not None and self.silent >= self.queue_after

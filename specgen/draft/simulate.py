@@ -82,9 +82,9 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
 
     `draft` is the most tokens a step drafts; `max_tokens` (default: the output's length) and
     `context_length` limit drafts as in `run`; tokens past the end of `output` never match, like
-    the tokens after a stop token. `queue_after` as in `decode.generate`: a step queued ahead
-    drafts nothing, and costs 1 - `overlap` (the share of a plain step that queuing ahead saves).
-    A step that drafts k tokens costs `cost(k)`, by default 1 + `beta` * k. `predicted` (the
+    the tokens after a stop token. `queue_after` as in `decode.generate` (with no pricing): a
+    pass queued behind a plain step drafts the drafter's continuation, and costs `overlap` less
+    (the share of a plain step that queuing ahead saves). A step that drafts k tokens costs `cost(k)`, by default 1 + `beta` * k. `predicted` (the
     model's top-1 after each token of prompt + output, from a trace's "topk") is recycled to the
     drafter as the decode loop does, along the output's path only (rejected drafts' rows were not
     recorded) and not for the prompt (whose logits the loop never computes).
@@ -99,18 +99,18 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
     schedule = Schedule(cap=draft, end=len(prompt) + (len(output) if max_tokens is None else max_tokens),
                         context_length=context_length, queue_after=queue_after)
     i = 0
-    ahead = False  # this step was queued ahead: it drafts nothing
+    queued = None  # the drafts of a pass queued behind the last one, if it was kept
     while i < len(output):
         pos = len(prompt) + i
         room = schedule.room(pos)
         t0 = clock()
-        if ahead:
-            drafts, heard = [], drafter.would_draft(room)
-        else:
+        if queued is None:
             drafts = drafter.draft(room)
-            heard = bool(drafts)
+            schedule.heard(bool(drafts))
+        else:
+            drafts = queued
+        behind = _behind(drafter, schedule, pos, drafts, queued is not None)
         spent += clock() - t0
-        schedule.heard(heard)
         n = 0
         while n < len(drafts) and i + n < len(output) and drafts[n] == output[i + n]:
             n += 1
@@ -122,11 +122,28 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
         drafter.feed(emitted, verdict)
         spent += clock() - t0
         t.counts.add_step(len(emitted), len(drafts), n)
-        t.cost += 1 - overlap if ahead else cost(len(drafts))
-        ahead = not drafts and schedule.queue_next(pos)
+        t.cost += cost(len(drafts)) - (overlap if queued is not None else 0.0)
+        queued = behind if n == len(drafts) else None
         i += len(emitted)
     t.drafter_s = spent
     return t
+
+
+def _behind(drafter: Drafter, schedule: Schedule, pos: int, drafts: list[int], queued: bool
+            ) -> list[int] | None:
+    """The drafts of the pass decode.generate queues behind a step at `pos` verifying `drafts`
+    (None: none queued), with no pricing: behind plain steps only, carrying the drafter's
+    continuation where it has one, else after `queue_after` silent steps (schedule.py)."""
+    at = pos + len(drafts) + 1
+    if schedule.queue_after is None or not schedule.fits(at):
+        return None
+    room = schedule.room(at) + 1
+    ahead = drafter.continuation(drafts, room) if room > 1 else None
+    if ahead is None:
+        if queued:
+            schedule.heard(drafter.would_draft(schedule.room(pos)))
+        return None if drafts or not schedule.queue_next(pos) else []
+    return None if drafts else list(ahead.tokens[1:room])
 
 
 def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[], Drafter], *,

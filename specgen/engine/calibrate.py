@@ -24,7 +24,9 @@ from specgen.draft.store import CACHE_ENV
 from specgen.engine.cost import (
     Curve,
     cost_function,
+    Pricing,
     drafting_cost,
+    pricing,
     queue_after,
     relative,
     unprofitable,
@@ -39,18 +41,19 @@ from specgen.engine.curve_store import (
 )
 from specgen.engine.distributed import World, share
 from specgen.engine.rollback import Rollback
+from specgen.engine.sampling import GREEDY
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that may be timed
 CONTEXT = 32  # tokens in the cache while timing, at least (a short prompt; priming a slow model costs)
 LONG_CONTEXT = 384  # ...and as many as this where priming them takes at most PRIME_S
 PRIME_S = 1.0  # (attention over a long context makes small models' wide passes dearer)
-VERSION = 2  # of how curves are measured: curves measured otherwise are measured again
+VERSION = 3  # of how curves are measured: curves measured otherwise are measured again
 BUDGET_S = 4.0  # about how long measuring the curve may take (warm-up included)
 ROUNDS = (3, 100)  # fewest and most rounds of all sizes
 CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider ones are not timed
 OVERLAP_STEPS = 8  # plain steps timed each way per round
 OVERLAP_ROUNDS = (3, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 6
-OVERLAP_SLOW_S = 0.02  # steps slower than this are not timed for the overlap: it is negligible
+OVERLAP_SLOW_S = 0.1  # steps slower than this are not timed for the overlap: it is negligible
 SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
 
 
@@ -87,7 +90,7 @@ def _primed_cache(model, tokens: list[int], fixed: bool = False) -> tuple[list, 
 
 
 def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False) -> dict[int, float]:
-    """Seconds of a forward pass (with argmax read-back, as a verify step does) per size.
+    """Seconds of a forward pass with its read-back as a verify step reads it, per size.
 
     Sizes are timed in increasing order, each only if its warm-up and ROUNDS[0] rounds are
     expected to fit in the budget (the first two always are) and while the last one could still
@@ -108,7 +111,7 @@ def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False) -> dict[
     def step(k):
         x = mx.array([tokens[at : at + k]], mx.uint32)
         t = time.perf_counter()
-        mx.argmax(model(x, cache=cache)[0], axis=-1).tolist()
+        GREEDY.verify(model(x, cache=cache)[0], (), at, ())  # the loop's own read-back
         dt = time.perf_counter() - t
         back.fed(k)
         back.rewind_to(at)
@@ -228,6 +231,7 @@ class Costs(NamedTuple):
     step: CostFn  # what a step costs (the measured curve), for predictions
     curve: Curve
     queue_after: int | None  # the loop's queuing policy (cost.queue_after)
+    pricing: Pricing  # steps in the plain steps they compete with (cost.pricing)
     off: str | None  # why speculation cannot pay on this curve (cost.unprofitable), if it cannot
     fresh: bool  # measured now
     warning: str | None  # the cache could not be read or written
@@ -243,4 +247,4 @@ def model_costs(model, key: str, tokenizer, *, recalibrate: bool = False,
     ahead = queue_after(curve)
     refeed = Rollback(make_prompt_cache(model)).how != "trim"
     return Costs(drafting_cost(step, curve.overlap, ahead, refeed), step, curve, ahead,
-                 unprofitable(curve), fresh, warning)
+                 pricing(step, curve.overlap, ahead), unprofitable(curve), fresh, warning)

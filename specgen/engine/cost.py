@@ -5,6 +5,8 @@
 - `queue_after`: after how many silent drafter steps plain steps are queued ahead, given what
   queuing ahead saves on this machine (the overlap);
 - `drafting_cost`: the cost the drafter weighs drafts with under that policy and rollback;
+- `pricing`: what a drafting step costs in the plain steps it competes with, and what queuing a
+  pass behind another hides (the decode loop's and governor.py's scale);
 - `unprofitable`: whether drafting cannot pay at all on this curve (then speculation is off).
 
 calibrate.py measures the curve and the overlap; this module decides what they mean.
@@ -88,14 +90,39 @@ def queue_after(curve: Curve) -> int | None:
 
 
 def drafting_cost(cost: CostFn, overlap: float, ahead: int | None, refeed: bool = False) -> CostFn:
-    """The cost the drafter weighs drafts with. Where a silent step gets the next one queued ahead
-    (`ahead`, the loop's queue_after, is 1), drafting nothing also saves `overlap` of the next
-    step, so it costs that much less. Where a rejected draft is undone by restoring the cache
+    """The cost the drafter weighs drafts with. Where the loop queues plain passes ahead (`ahead`,
+    its queue_after, is not None), drafting nothing saves `overlap` of a step, so it costs that
+    much less. Where a rejected draft is undone by restoring the cache
     (`refeed`, rollback.py), the tokens accepted before the rejection are fed again with the
     next pass: length.Refeed charges that by its chance."""
-    saved = overlap if ahead == 1 else 0.0
+    saved = overlap if ahead is not None else 0.0
     weighed = cost if not saved else (lambda k: cost(k) - (saved if k == 0 else 0.0))
     return Refeed(weighed, cost) if refeed else weighed
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What the decode loop weighs its steps with, in units of the plain step it competes with
+    (queued ahead where the loop queues plain steps): `price(k)`, a synchronous step drafting k
+    tokens; `gap`, the host's time that queuing a pass behind another hides (its read-back,
+    judging, drafting and building the next graph)."""
+
+    price: CostFn
+    gap: float
+
+    def queue_behind(self, chance: float, drafts: int) -> bool:
+        """Whether to queue a pass of `drafts` drafts behind one whose drafts all hold with
+        `chance` (else the queued pass is dropped, its device time lost): the gap it hides,
+        weighed by the chance, beats the pass's own device time, weighed by the rest."""
+        return chance * self.gap > (1.0 - chance) * (self.price(drafts) - self.gap)
+
+
+def pricing(cost: CostFn, overlap: float, ahead: int | None) -> Pricing:
+    """The loop's Pricing from the measured curve (`cost`, relative to a synchronous one-position
+    pass) and the share of it that queuing ahead saves (`overlap`), where the loop queues passes
+    ahead (`ahead`, its queue_after, not None) and where it does not (then no gap is hidden)."""
+    plain = 1.0 - overlap if ahead is not None else 1.0
+    return Pricing(lambda k: cost(k) / plain, (1.0 - plain) / plain)
 
 
 def unprofitable(curve: Curve) -> str | None:

@@ -6,7 +6,7 @@ never prints and never times anything: stats and display are computed by the cal
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -14,14 +14,27 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
 from specgen.draft.events import Drafter, Prefilled, Speculation, Step, Verdict
+from specgen.draft.governor import Governor
 from specgen.draft.predictor import NGramPredictor
 from specgen.draft.schedule import Schedule
 from specgen.engine.rollback import Rollback
-from specgen.engine.sampling import GREEDY, Selector, accept, settle
+from specgen.engine.cost import Pricing
+from specgen.engine.sampling import GREEDY, Selector, accept, read, settle
 from specgen.errors import InputError
 from specgen.settings import check
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass, as in mlx_lm.generate_step
+
+
+class _Pass(NamedTuple):
+    """A forward pass queued on the device and not yet read: it emits from absolute position
+    `pos`, verifying `drafts`; `out` is lazy: the selector's verdict on its rows where it has
+    drafts, else the one token it picked."""
+
+    pos: int
+    drafts: list[int]
+    out: mx.array
+    queued: bool  # queued behind another pass (else built once the one before was read)
 
 
 def check_prompt(prompt: Sequence[int], *, max_tokens: int, draft: int, context_length: int | None,
@@ -55,6 +68,7 @@ def generate(
     selector: Selector = GREEDY,
     queue_after: int | None = None,
     off: str | None = None,
+    pricing: Pricing | None = None,
 ) -> Iterator[Prefilled | Step]:
     """Generate from `prompt` (token ids), speculating with `drafter` (up to `draft` tokens a
     step; 0: plain decoding); `off` says why not to speculate at all (e.g. cost.unprofitable).
@@ -62,10 +76,14 @@ def generate(
     same conversation): only the rest is prefilled, while positions (sampling keys, the context
     check) and the drafter still see the whole prompt. Likewise `drafter` may already have been
     fed the first `drafter_fed` tokens of `prompt` (a server's earlier turn): it gets the rest.
+    `queue_after`: None, every pass is read before the next is built; else passes are queued
+    behind the one in flight (plain ones always, as mlx-lm; behind drafts as `pricing` says).
+    `pricing` (cost.Pricing): what steps cost in plain steps as this loop runs them; given,
+    drafting stops while drafts do not earn it and resumes once they would (governor.py).
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
     yielded step the cache holds every prompt and emitted token except the last emitted one
-    (and that one too while a plain step is queued ahead: see schedule.py and `queue_after`);
+    (and that one, with the drafts after it, while a pass is queued ahead: see `behind`);
     on caches that are restored rather than trimmed (rollback.py), the tokens accepted by a
     partly rejected step are fed again with the next pass, and are in the cache once the
     generator finishes.
@@ -82,6 +100,7 @@ def generate(
     else:
         speculation = Speculation(True, rollback=rollback.how)
     drafter = drafter if drafter is not None else NGramPredictor()
+    governor = Governor(pricing.price) if pricing is not None and speculation.on else None
     history = list(prompt)  # prompt + emitted tokens; its last token is not in the cache yet
 
     def forward(tokens) -> mx.array:
@@ -101,6 +120,8 @@ def generate(
                 emitted, stop, stop_token = emitted[:i], "stop", t
                 break
         history.extend(emitted)
+        if governor is not None:
+            governor.observe(emitted)
         if speculation.on:
             drafter.feed(emitted, Verdict.of(drafted, matched, len(emitted)) if drafted else None)
         generated = len(history) - len(prompt)
@@ -110,27 +131,75 @@ def generate(
             stop = "context"
         return emitted, stop, stop_token
 
-    def judge(logits: mx.array, drafts: list[int]) -> tuple[list[int], int, bool]:
-        """What a verify pass over `drafts` emits, how many drafts equal the target's choices, and
-        whether a near-tied row had to be recomputed.
+    def judge(cur: _Pass) -> tuple[list[int], int, bool]:
+        """What a verify pass emits, how many of its drafts equal the target's choices, and whether
+        a near-tied row had to be recomputed.
 
         A draft token is accepted iff it equals the selector's choice at its position (argmax, or
         the sample keyed by seed and position); the first mismatch (or the position after the last
         draft) emits that choice: each step yields exactly what plain decoding would."""
-        pos = len(history)
-        chosen = selector.verify(logits, history, pos, drafts)
+        pos, drafts = cur.pos, cur.drafts
+        chosen = read(cur.out)  # the one read-back of the step
         drafter.recycle([history[-1], *drafts], chosen.tokens)
         tokens, matched, n = accept(drafts, chosen)
         if n is None:
             return tokens, matched, False
         # The row choosing the last token is near-tied: choose it as plain decoding does, from a
-        # one-position pass after the drafts before it.
+        # one-position pass after the drafts before it (any pass queued behind is dropped here).
         rollback.rewind_to(pos - 1 + n)
         seq = [*history, *drafts]
         if rollback.cached < pos - 1 + n:  # a restore went back further
             forward(seq[rollback.cached : pos - 1 + n])
         last = selector.pick(forward([seq[pos - 1 + n]])[-1], history, pos + n).item()
         return *settle(drafts, n, last), True
+
+    def propose(room: int) -> list[int]:
+        """The step's draft; none while drafting does not pay (the draft is then a shadow)."""
+        nonlocal guess
+        drafts = drafter.draft(room) if room > 0 else []
+        if drafts and governor is not None and not governor.allowed():
+            governor.imagine(drafts)
+            drafter.guess_only()
+            guess = drafts
+            return []
+        return drafts
+
+    def launch(tokens, drafts: list[int], pos: int, queued: bool) -> _Pass:
+        """Queue a pass over `tokens` (ids, or a lazy array) whose last len(drafts) are drafts."""
+        if drafts or queue_after is not None:
+            rollback.mark()  # a pass that may be undone: a draft, or one queued behind it
+        rows = forward(tokens)[-1 - len(drafts):]
+        out = selector.verdict(rows, pos) if drafts else selector.pick(rows[-1], history, pos).reshape(1)
+        mx.async_eval(out)
+        return _Pass(pos, drafts, out, queued)
+
+    def behind(cur: _Pass) -> _Pass | None:
+        """The pass after `cur`, queued before `cur` is read, as if every draft of `cur` holds: its
+        input is `cur`'s own next token (lazy), then what the drafter would draft after that
+        (none while drafting does not pay). None where queuing it does not pay."""
+        nonlocal guess
+        at = cur.pos + len(cur.drafts) + 1
+        if queue_after is None or not schedule.fits(at):
+            return None
+        room = schedule.room(at) + 1  # the drafter's first token guesses `cur`'s own
+        ahead = drafter.continuation(cur.drafts, room) if speculation.on and room > 1 else None
+        if ahead is None:  # no continuation (plain decoding, --draft N): schedule.py's policy
+            if cur.queued and speculation.on:
+                schedule.heard(drafter.would_draft(schedule.room(cur.pos)))
+            if cur.drafts or not schedule.queue_next(cur.pos):
+                return None
+        elif cur.drafts and (pricing is None
+                             or not pricing.queue_behind(ahead.chance, max(len(ahead.tokens) - 1, 0))):
+            return None
+        more = list(ahead.tokens[1:room]) if ahead is not None else []
+        if ahead is not None and not cur.drafts:
+            guess = ahead.tokens  # the drafter's guess at `cur`'s own token (and on)
+        if governor is not None and not governor.allowed():
+            if ahead is not None and not cur.drafts:
+                governor.imagine(ahead.tokens)  # judged from `cur`'s own token on
+            more = []
+        bonus = cur.out[0, -1:] if cur.drafts else cur.out
+        return launch(mx.concatenate([bonus, mx.array(more, mx.uint32)]) if more else bonus, more, at, True)
 
     with mx.stream(generation_stream):
         for start in range(cached, len(prompt) - 1, PREFILL_CHUNK):
@@ -140,50 +209,44 @@ def generate(
             drafter.feed(prompt[drafter_fed:])
         yield Prefilled(len(prompt), speculation)
 
-        # Plain steps are queued ahead as mlx_lm.generate_step does: always when not speculating,
-        # else once the drafter has been silent `queue_after` steps in a row (schedule.py).
+        # A pass is queued behind the one in flight before that one is read (as mlx_lm's
+        # generate_step queues plain steps), assuming every draft in flight holds; where one does
+        # not, the pass behind is dropped and its cache entries taken back (see `behind`).
+        queue_after = queue_after if speculation.on else 0
         schedule = Schedule(cap=draft if speculation.on else 0, end=len(prompt) + max_tokens,
-                            context_length=context_length,
-                            queue_after=queue_after if speculation.on else 0)
-        pending = None  # the lazy token of a queued plain step, at position len(history)
+                            context_length=context_length, queue_after=queue_after)
+        inflight: _Pass | None = None
+        guess: list[int] = []  # the drafter's unverified guess at the next token (and on)
         try:
             while True:
-                pos = len(history)  # absolute position of the token this step emits first
-                room = schedule.room(pos)
-                if pending is None:
-                    drafts = drafter.draft(room) if room > 0 else []
-                    if drafts:
-                        rollback.mark()
+                if inflight is None:
+                    pos = len(history)
+                    drafts = propose(schedule.room(pos))
+                    schedule.heard(bool(drafts))
                     # The last token, after any a restore took back out of the cache, then drafts.
-                    fed = [*history[rollback.cached:], *drafts]
-                    logits = forward(fed)[-1 - len(drafts):]
-                    if drafts:
-                        tokens, matched, confirmed = judge(logits, drafts)
-                        emitted, stop, stop_token = finish(tokens, len(drafts), matched)
-                        rollback.rewind_to(len(history) - 1)
-                        schedule.heard(True)
-                        yield Step(tuple(emitted), len(drafts), min(matched, len(emitted)), stop,
-                                   confirmed=confirmed, stop_token=stop_token)
-                        if stop:
-                            return
-                        continue
-                    pending = selector.pick(logits[-1], history, pos)
-                    schedule.heard(False)
+                    inflight = launch([*history[rollback.cached:], *drafts], drafts, pos, False)
+                cur, inflight = inflight, None
+                nxt = behind(cur)
+                if cur.drafts:
+                    tokens, matched, confirmed = judge(cur)
+                    emitted, stop, stop_token = finish(tokens, len(cur.drafts), matched)
                 else:
-                    schedule.heard(room > 0 and drafter.would_draft(room))
-                queued = None
-                if schedule.queue_next(pos):
-                    rollback.mark()  # a step queued past the last token is taken back
-                    queued = selector.pick(forward(pending.reshape(1))[-1], history, pos + 1)
-                    mx.async_eval(queued)
-                token = pending.item()
-                if speculation.on:
-                    drafter.recycle(history[-1:], [token])
-                emitted, stop, stop_token = finish([token])
-                yield Step(tuple(emitted), stop_reason=stop, stop_token=stop_token)
+                    tokens, matched, confirmed = [cur.out.item()], 0, False
+                    if speculation.on:
+                        drafter.recycle(history[-1:], tokens)
+                    # The drafter hears how its guess at this token (if it made one) fared.
+                    emitted, stop, stop_token = finish(tokens, min(len(guess), 1), int(guess[:1] == tokens))
+                guess = []
+                if governor is not None and cur.drafts:
+                    governor.judged(len(cur.drafts), min(matched, len(emitted)))
+                if nxt is not None and not stop and not confirmed and matched == len(cur.drafts):
+                    inflight = nxt  # every draft held: the pass behind is the right next one
+                else:
+                    rollback.rewind_to(len(history) - 1)
+                yield Step(tuple(emitted), len(cur.drafts), min(matched, len(emitted)), stop,
+                           confirmed=confirmed, stop_token=stop_token, queued=cur.queued)
                 if stop:
                     return
-                pending = queued
         finally:
             rollback.rewind_to(len(history) - 1)
             if rollback.cached < len(history) - 1:  # accepted tokens a restore took back out

@@ -74,6 +74,9 @@ def _cut(c, n: int) -> None:
     c._idx -= n
 
 
+MARKS = 2  # marks kept: a pass in flight and the one queued behind it (decode.py)
+
+
 class Rollback:
     """Tracks how many entries the cache holds, and takes it back to fewer on request."""
 
@@ -91,12 +94,13 @@ class Rollback:
         self.unsupported = ("a rotating cache that keeps its first tokens (max_kv_size) attends "
                             "differently in multi-token passes"
                             if any(getattr(c, "keep", 0) for c in self.restorable) else None)
-        self._mark: tuple[int, list] | None = None
+        self._marks: list[tuple[int, list]] = []  # (entries then, saved states), oldest first
 
     def mark(self) -> None:
-        """Remember the state of the caches that may not trim, before a pass that may be undone."""
+        """Remember the state of the caches that may not trim, before a pass that may be undone
+        (the last MARKS: a pass in flight, and one queued behind it, may each be undone)."""
         if self.restorable:
-            self._mark = (self.cached, [_Saved(c) for c in self.restorable])
+            self._marks = [*self._marks[1 - MARKS:], (self.cached, [_Saved(c) for c in self.restorable])]
 
     def fed(self, n: int) -> None:
         """The model just processed `n` more positions."""
@@ -104,7 +108,7 @@ class Rollback:
 
     def rewind_to(self, n: int) -> None:
         """Hold at most the first `n` entries: exactly `n` where every cache can be trimmed, else
-        the entries at the last mark (at most `n`; `cached` tells)."""
+        the entries at the latest mark that held at most `n` (`cached` tells)."""
         if self.cached <= n:
             return
         drop = self.cached - n
@@ -116,9 +120,9 @@ class Rollback:
                     _cut(c, drop)
             self.cached = n
             return
-        if self._mark is None or self._mark[0] > n:
-            raise RuntimeError("rollback past the last mark")  # a decode-loop bug, not user input
-        at, states = self._mark
+        at, states = next((m for m in reversed(self._marks) if m[0] <= n), (None, None))
+        if at is None:
+            raise RuntimeError("rollback past the marks")  # a decode-loop bug, not user input
         for c in self._kv:
             c.trim(self.cached - at)
         for saved in states:

@@ -61,14 +61,18 @@ def settle(drafts: Sequence[int], tied: int, last: int) -> tuple[list[int], int]
     return [*drafts[:tied], last], tied + (tied < len(drafts) and drafts[tied] == last)
 
 
-def _verified(scores: mx.array, margin: float) -> Verified:
-    """Argmax per row, trusting the rows up to the first whose top two scores are within `margin`."""
+def _verdict(scores: mx.array, margin: float) -> mx.array:
+    """Lazily, per row: the argmax, and 1 where the row's top two scores are within `margin`."""
     top2 = mx.topk(scores, 2, axis=-1)
-    gaps = mx.abs(top2[:, 0] - top2[:, 1])
-    tokens = mx.argmax(scores, axis=-1)
-    mx.eval(tokens, gaps)
-    tied = [i for i, g in enumerate(gaps.tolist()) if not g >= margin]  # NaN counts as tied
-    return Verified(tokens.tolist(), tied[0] if tied else len(gaps))
+    tied = mx.logical_not(mx.abs(top2[:, 0] - top2[:, 1]) >= margin)  # NaN counts as tied
+    return mx.stack([mx.argmax(scores, axis=-1).astype(mx.uint32), tied.astype(mx.uint32)])
+
+
+def read(verdict: mx.array) -> Verified:
+    """A verdict (`Selector.verdict`) read back in one transfer, trusting the rows up to the
+    first near-tied one."""
+    tokens, tied = verdict.tolist()
+    return Verified(tokens, next((i for i, t in enumerate(tied) if t), len(tokens)))
 
 
 def tie_margin(logits: mx.array) -> float:
@@ -82,6 +86,8 @@ class Selector(Protocol):
         self, logits: mx.array, history: Sequence[int], position: int, drafts: Sequence[int]
     ) -> Verified: ...
 
+    def verdict(self, logits: mx.array, position: int) -> mx.array: ...
+
 
 class Greedy:
     """Argmax at every position: what mlx-lm's greedy sampler does."""
@@ -90,7 +96,11 @@ class Greedy:
         return mx.argmax(logits, axis=-1)
 
     def verify(self, logits, history, position, drafts):
-        return _verified(logits, tie_margin(logits))
+        return read(self.verdict(logits, position))
+
+    def verdict(self, logits, position):
+        """`verify` lazily (rows: tokens, near-ties), for a pass whose result is read later."""
+        return _verdict(logits, tie_margin(logits))
 
 
 GREEDY = Greedy()
@@ -129,8 +139,11 @@ class Sampler:
         return mx.argmax(self._scores(logits, position), axis=-1)
 
     def verify(self, logits, history, position, drafts):
+        return read(self.verdict(logits, position))
+
+    def verdict(self, logits, position):
         # A logit difference d moves a perturbed score by d / temp.
-        return _verified(self._scores(logits, position), tie_margin(logits) / self.temp)
+        return _verdict(self._scores(logits, position), tie_margin(logits) / self.temp)
 
 
 def make_selector(temp: float = defaults.TEMP, *, top_p: float = defaults.TOP_P,

@@ -11,6 +11,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from specgen.draft.drafter import make_drafter
+from specgen.engine.cost import Pricing
+from specgen.engine.rollback import Rollback
 from specgen.engine.sampling import make_selector
 
 CYCLE = list(range(10, 26))  # the steering below makes the model mostly walk this cycle
@@ -119,3 +121,73 @@ def test_a_rotating_cache_the_caller_passes(keep):
         model(mx.array([[t]]), cache=plain)
     for a, b in zip(arrays(ours), arrays(plain), strict=True):
         assert np.allclose(a, b, atol=1e-4)
+
+
+ALWAYS_QUEUE = Pricing(lambda k: 1.0, 1.0)  # every pass is queued behind the one in flight
+
+
+@pytest.mark.parametrize("arch", CASES)
+def test_passes_queued_behind_drafts_give_plain_output_and_cache(arch):
+    # Every pass is queued before the one before it is read, as if that one's drafts all held;
+    # where they do not, the pass behind is dropped. Output and final cache are plain decoding's.
+    overrides, boost, how = CASES[arch]
+    model = Steered(tiny_model(arch, **overrides), boost)
+    cache = make_prompt_cache(model)
+    tokens, steps, _ = run(model, PROMPT, drafter=make_drafter(None), draft=8, max_tokens=200,
+                           prompt_cache=cache, queue_after=1, pricing=ALWAYS_QUEUE)
+    assert tokens == plain_tokens(model, PROMPT, 200)
+    kept = sum(s.queued and s.drafted > 0 for s in steps)
+    dropped = sum(s.drafted > s.accepted or s.confirmed for s in steps)  # each had one behind it
+    assert kept > 5 and dropped > 0, (kept, dropped)
+    passes = len(PROMPT) - 1 + sum(1 + s.drafted + s.confirmed for s in steps)
+    assert model.fed > passes  # the dropped passes' positions
+    plain = make_prompt_cache(model)
+    for t in PROMPT + tokens[:-1]:
+        model(mx.array([[t]]), cache=plain)
+    for a, b in zip(arrays(cache), arrays(plain), strict=True):
+        assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
+
+
+def held(cache) -> list[np.ndarray]:
+    """`arrays`, with KV caches' buffers cut to the entries they hold (past them: stale data)."""
+    out = []
+    for c in cache:
+        if type(c).__name__ == "KVCache":
+            out += [np.array(a[..., : c.offset, :]) for a in (c.keys, c.values)]
+        else:
+            out += arrays([c])
+    return out
+
+
+@pytest.mark.parametrize("arch", CASES)
+def test_dropping_the_pass_behind_leaves_the_cache_exactly_as_before_it(arch):
+    overrides, _, _ = CASES[arch]
+    model = tiny_model(arch, **overrides)
+    cache = make_prompt_cache(model)
+    back = Rollback(cache)
+    model(mx.array([PROMPT]), cache=cache)
+    back.fed(len(PROMPT))
+    back.mark()
+    model(mx.array([[10, 11, 12]]), cache=cache)  # a verify pass in flight
+    back.fed(3)
+    mx.eval([c.state for c in cache])
+    before = held(cache)
+    back.mark()
+    model(mx.array([[13, 14]]), cache=cache)  # the pass queued behind it
+    back.fed(2)
+    back.rewind_to(len(PROMPT) + 3)  # every draft in flight held, but the pass behind is dropped
+    assert back.cached == len(PROMPT) + 3
+    for a, b in zip(held(cache), before, strict=True):
+        assert np.array_equal(a, b)
+    back.rewind_to(len(PROMPT) + 1)  # and the pass in flight rejected all but its first token
+    assert back.cached in (len(PROMPT) + 1, len(PROMPT))  # trimmed, or restored to its mark
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "gemma3_text"])
+def test_seeded_sampling_is_the_same_with_passes_queued_behind(arch):
+    overrides, boost, _ = CASES[arch]
+    model = Steered(tiny_model(arch, **overrides), boost * 2)
+    out = [run(model, PROMPT, drafter=make_drafter(None), draft=draft, max_tokens=120, queue_after=ahead,
+               pricing=ALWAYS_QUEUE, selector=make_selector(0.5, seed=5))[0]
+           for draft, ahead in ((0, None), (8, 1))]
+    assert out[0] == out[1]

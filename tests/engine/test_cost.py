@@ -43,9 +43,10 @@ def test_plain_steps_are_queued_ahead_sooner_the_more_it_saves():
     assert "queued" not in describe_curve(Curve(rel, 0.01))
 
 
-def test_a_weak_draft_is_dropped_where_silence_gets_the_next_step_queued():
+def test_a_weak_draft_is_dropped_where_plain_steps_are_queued_ahead():
     base = linear_cost(0.08)
-    assert drafting_cost(base, 0.3, 2) is base and drafting_cost(base, 0.0, 1) is base
+    assert drafting_cost(base, 0.3, None) is base and drafting_cost(base, 0.0, 1) is base
+    assert drafting_cost(base, 0.3, 2)(0) == pytest.approx(0.7)  # the loop queues after any silence
     cost = drafting_cost(base, 0.3, 1)
     assert cost(0) == pytest.approx(0.7) and cost(3) == base(3)
     history = [5, 6, 7, 5]  # 6 followed 5 once: a weak guess, worth drafting at plain cost

@@ -7,6 +7,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specgen.draft.events import Step
 from specgen.engine import sampling
+from specgen.draft.drafter import make_drafter
+from specgen.engine.cost import Pricing
 from specgen.engine.decode import generate
 from specgen.errors import InputError
 
@@ -166,3 +168,51 @@ def test_a_drafter_already_fed_part_of_the_prompt_gets_only_the_rest(stories):
     tokens, _, _ = run(stories.model, prompt, drafter=drafter, drafter_fed=9, max_tokens=40, draft=8)
     assert tokens == plain_tokens(stories.model, prompt, 40)
     assert drafter.tokens == prompt + tokens  # every token fed once
+
+
+def misleading_cycle():
+    """A model walking a 20-token cycle after a prompt that holds the same tokens twice in another
+    order: copies of the prompt are wrong until the output has gone round once."""
+    rng = random.Random(1)
+    cycle = rng.sample(range(3, 64), 20)
+    rule = {cycle[i]: cycle[(i + 1) % 20] for i in range(20)}
+    shuffled = cycle[:]
+    rng.shuffle(shuffled)
+    return ScriptedModel(rule, vocab=64), shuffled * 2 + [cycle[0]]
+
+
+def test_the_governor_stops_drafts_that_do_not_pay_and_resumes_when_they_would():
+    model, prompt = misleading_cycle()
+    runs = {}
+    for name, pricing in (("ungoverned", None), ("governed", Pricing(lambda k: 1.5 + 0.05 * k, 0.0))):
+        runs[name] = run(model, prompt, drafter=make_drafter(None), draft=16, max_tokens=80, pricing=pricing)
+    assert runs["governed"][0] == runs["ungoverned"][0]
+    shape = [s.drafted > 0 for s in runs["governed"][1]]
+    assert shape[:2] == [True, True] and not any(shape[5:8])  # stopped after losing drafts...
+    late = runs["governed"][1][-4:]
+    assert all(s.drafted and s.accepted == s.drafted for s in late)  # ...and came back
+    rejected = {k: sum(s.drafted - s.accepted for s in v[1]) for k, v in runs.items()}
+    assert rejected["governed"] < rejected["ungoverned"]
+
+
+def test_passes_queued_behind_full_drafts_are_kept():
+    # Every draft is right: each pass is queued before the one before it is read, and kept.
+    always = Pricing(lambda k: 1.0, 1.0)
+    tokens, steps, _ = run(ScriptedModel(CYCLE), [1, 2, 3, 4] * 2, drafter=make_drafter(None), max_tokens=40,
+                           draft=8, queue_after=1, pricing=always)
+    assert tokens == [1, 2, 3, 4] * 10
+    assert sum(s.queued for s in steps) >= len(steps) - 2 and all(s.drafted == s.accepted for s in steps)
+
+
+@pytest.mark.parametrize("model_name", ["stories", "smollm2"])
+def test_pipelined_speculation_is_plain_decoding_on_real_models(model_name, stories, smollm2_engine):
+    loaded = stories if model_name == "stories" else smollm2_engine.loaded
+    prompt = loaded.tokenizer.encode("Once upon a time, there was a dog. The dog was happy. The dog")
+    cache = make_prompt_cache(loaded.model)
+    n = 60 if model_name == "stories" else 24  # a 4-bit SmolLM2 position costs ~0.1 s here
+    tokens, steps, _ = run(loaded.model, prompt, max_tokens=n, queue_after=1, prompt_cache=cache,
+                           pricing=Pricing(lambda k: 1.0 + 0.1 * k, 0.5), draft=8,
+                           drafter=make_drafter(None))
+    assert tokens == plain_tokens(loaded.model, prompt, n)
+    assert any(s.queued and s.drafted for s in steps)
+    assert all(c.offset == len(prompt) + len(tokens) - 1 for c in cache)
