@@ -16,3 +16,20 @@ def test_wheel_ships_models_toml_and_the_demo_model(tmp_path):
         assert f"specgen/bundled/stories260K/{f}" in names
     toml = zipfile.ZipFile(wheel).read("specgen/models.toml").decode()
     assert toml == (ROOT / "models.toml").read_text()
+
+
+def test_linux_backends_are_extras_so_that_cuda_does_not_meet_the_cpu_build():
+    # mlx[cpu] and mlx[cuda13] both install mlx/lib/libmlx.so: a core dependency on either would
+    # leave `specgen[cuda]` with whichever pip wrote last.
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not any("mlx[" in d for d in project["dependencies"])
+    extras = project["optional-dependencies"]
+    assert extras["cpu"] == ["mlx[cpu]; sys_platform == 'linux'"]
+    assert extras["cuda"] == ["mlx[cuda13]; sys_platform == 'linux'"]
+    readme = (ROOT / "README.md").read_text()
+    assert ".[cpu,serve,test]" in readme and "specgen[cuda]" in readme

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import secrets
 import signal
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -237,4 +239,16 @@ app.add_typer(cli_tools.cache, name="cache")
 def main():  # the console script
     # Die quietly on SIGPIPE-like conditions handled above; keep Ctrl-C as KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if sys.platform == "linux" and not _mlx_backend():
+        sys.stderr.write("specgen: MLX has no backend here: pip install 'specgen[cpu]' "
+                         "(or 'specgen[cuda]' with an NVIDIA GPU)\n")
+        sys.exit(1)
     app()
+
+
+def _mlx_backend() -> bool:
+    """Whether MLX's library is installed (on Linux it comes with mlx[cpu] or mlx[cuda13]); a
+    missing mlx is left to the import that needs it."""
+    spec = importlib.util.find_spec("mlx")
+    places = spec.submodule_search_locations if spec else None
+    return not places or any((Path(p) / "lib" / "libmlx.so").exists() for p in places)
