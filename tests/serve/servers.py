@@ -1,4 +1,5 @@
-"""Starting a real specgen server in tests: uvicorn on a free loopback port, in a thread, always stopped."""
+"""Starting a real specgen server in tests: uvicorn on a free loopback port, in a thread, always stopped;
+the official clients pointed at it; an error read in its API's shape."""
 
 import contextlib
 import threading
