@@ -4,6 +4,8 @@ Library errors name the parameter they are about (`SettingError.param`); the CLI
 flag.
 """
 
+import json
+
 
 class SpecgenError(Exception):
     """Base class of every error specgen reports to the user."""
@@ -23,8 +25,15 @@ class SettingError(InputError):
 
     def naming(self, name: str) -> str:
         """The message with the setting called `name` (a CLI flag, say)."""
-        got = "" if self.value is None else f" (got {self.value})"
+        got = "" if self.value is None else f" (got {shown(self.value)})"
         return f"{name} {self.requirement}{got}"
+
+
+def shown(value, most: int = 60) -> str:
+    """`value` as a message shows it: a string quoted (so "5" is not read as the number 5), and
+    cut to `most` characters (a hostile value may be megabytes)."""
+    text = json.dumps(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 class ConfigError(SpecgenError):

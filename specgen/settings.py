@@ -1,8 +1,8 @@
 """Validation of every user setting, in one place.
 
-`check(**settings)` raises a `SettingError` naming the first setting out of its range (by its
-library name: the CLI maps it to a flag) and returns warnings for settings that are valid but
-have no effect, so that nothing the user set is ignored silently.
+`check(**settings)` raises a `SettingError` naming the first setting of the wrong kind or out of its
+range (by its library name: the CLI maps it to a flag) and returns warnings for settings that are
+valid but have no effect, so that nothing the user set is ignored silently.
 """
 
 from __future__ import annotations
@@ -12,23 +12,32 @@ from typing import Callable
 
 from specgen.errors import SettingError
 
-Rule = tuple[Callable[[object], bool], str]
+# A rule: the kind of value a setting takes (the test, and the requirement it names: "5" for an
+# integer is refused as not one, not as out of range), then its range (the test, the requirement).
+Rule = tuple[Callable[[object], bool], str, Callable[[object], bool], str]
 DTYPES = ("float32", "float16", "bfloat16")  # what weights may be converted to
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # True is an int to Python, not to a user
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _int(low: int, high: int | None = None, text: str = "") -> Rule:
-    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low and (high is None or v <= high)
-    return ok, text or (f"must be at least {low}" if high is None else f"must be between {low} and {high}")
+    ok = lambda v: v >= low and (high is None or v <= high)
+    return _is_int, "must be an integer", ok, text or (
+        f"must be at least {low}" if high is None else f"must be between {low} and {high}")
 
 
 def _real(low: float, high: float | None = None, *, above: bool = False, below: bool = False,
           text: str = "") -> Rule:
     def ok(v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            return False
-        return ((v > low if above else v >= low)
+        return (math.isfinite(v) and (v > low if above else v >= low)
                 and (high is None or (v < high if below else v <= high)))
-    return ok, text
+    return _is_number, "must be a number", ok, text
 
 
 RULES: dict[str, Rule] = {
@@ -48,7 +57,8 @@ RULES: dict[str, Rule] = {
     "batch": _int(1),
     "max_batch": _int(1),
     "prefill_chunk": _int(1),
-    "dtype": (lambda v: v in DTYPES, f"must be one of {', '.join(DTYPES)}"),
+    "dtype": (lambda v: isinstance(v, str), "must be a string", lambda v: v in DTYPES,
+              f"must be one of {', '.join(DTYPES)}"),
 }
 _OFF = {"top_p": 0.0, "min_p": 0.0, "top_k": 0}  # the sampling filters' "off" values
 
@@ -59,7 +69,9 @@ def check(**settings) -> list[tuple[str, str]]:
     for name, value in settings.items():
         if value is None or name not in RULES:
             continue
-        ok, requirement = RULES[name]
+        is_kind, kind, ok, requirement = RULES[name]
+        if not is_kind(value):
+            raise SettingError(name, kind, value)
         if not ok(value):
             raise SettingError(name, requirement, value)
     warnings = []

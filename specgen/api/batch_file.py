@@ -82,6 +82,9 @@ def _rows(source) -> Iterator[tuple[int, dict | None, str | None]]:
             except json.JSONDecodeError as e:
                 yield n, None, (f"not JSON ({e.msg}); a line that starts with '{{' must be a JSON "
                                 "object (text that starts so: {\"prompt\": \"...\"})")
+            except (ValueError, RecursionError):  # JSON, but an integer over Python's 4,300 digits
+                # or arrays nested past the recursion limit: one bad line, not the end of the run
+                yield n, None, "JSON too large to read (a number too long, or nesting too deep)"
 
 
 def _lines(source) -> Iterator[tuple[int, str | None]]:

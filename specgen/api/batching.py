@@ -93,7 +93,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
 
 
 def _per_prompt(name: str, value, n: int) -> list:
-    if value is None or isinstance(value, int):
+    # A string is one value, not one per character: "5" is then refused as not an integer.
+    if value is None or isinstance(value, (int, float, str, bytes)) or not hasattr(value, "__iter__"):
         return [value] * n
     values = list(value)
     if len(values) != n:

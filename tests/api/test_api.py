@@ -151,6 +151,11 @@ def test_errors_name_the_parameter(demo):
     with pytest.raises(SettingError) as e:
         specgen.generate(*demo, ONCE, temp=-1)
     assert e.value.param == "temp"
+    # A value of the wrong kind is refused as such, not as out of range ("5" read as the number 5).
+    with pytest.raises(SettingError, match=r'^max_tokens must be an integer \(got "5"\)$'):
+        specgen.generate(*demo, ONCE, max_tokens="5")
+    with pytest.raises(SettingError, match=r'^top_p must be a number \(got "0.9"\)$'):
+        specgen.generate(*demo, ONCE, temp=1.0, top_p="0.9")
     with pytest.raises(SettingError) as e:
         specgen.generate(*demo, ONCE, sampler=make_sampler(temp=0.5), temp=0.5)
     assert e.value.param == "sampler"

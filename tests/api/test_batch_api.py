@@ -72,6 +72,11 @@ def test_what_it_does_not_offer_is_an_error_naming_it(demo):
         batch_generate(model, tokenizer, PROMPTS, completion_batch_size=0)
     with pytest.raises(SettingError, match="seed"):
         batch_generate(model, tokenizer, PROMPTS, temp=0.5, seed=[1, 2])
+    # A string is one value of the wrong kind, not one per character (it was "one per prompt").
+    with pytest.raises(SettingError, match=r'^max_tokens must be an integer \(got "5"\)$'):
+        batch_generate(model, tokenizer, PROMPTS, max_tokens="5")
+    with pytest.raises(SettingError, match=r'^seed must be an integer \(got "3"\)$'):
+        batch_generate(model, tokenizer, PROMPTS, temp=0.5, seed="3")
     greedy = make_sampler(0.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SpecgenWarning)  # "top_p has no effect at temperature 0"

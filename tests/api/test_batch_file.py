@@ -74,6 +74,29 @@ def test_bad_lines_are_reported_with_their_line_and_the_others_come_through(tmp_
     assert all("\n" not in error for _, error in bad.values())
 
 
+@pytest.mark.parametrize("value, shown", [('"5"', '"5"'), ("5.0", "5.0"), ("true", "True"), ("[5]", "[5]"),
+                                          ('{"n": 5}', "{'n': 5}"), ("NaN", "nan")])
+def test_a_max_tokens_of_the_wrong_kind_is_refused_as_not_an_integer(value, shown):
+    # Issue 44: "5" was reported as "must be at least 1 (got 5)", which reads as the number 5.
+    got = list(read_items(io.StringIO(f'{{"prompt": "hi", "max_tokens": {value}}}\n')))
+    assert got == [BadLine(1, "1", f'"max_tokens" must be an integer (got {shown})')]
+
+
+def test_a_long_wrong_value_is_cut_in_the_message():  # one result line, not a copy of the megabyte
+    got = list(read_items(io.StringIO(json.dumps({"prompt": "hi", "max_tokens": "9" * 100_000}) + "\n")))
+    assert got[0].error.startswith('"max_tokens" must be an integer (got "999') and len(got[0].error) < 120
+
+
+@pytest.mark.parametrize("line", ['{"prompt": "hi", "max_tokens": ' + "9" * 5000 + "}",
+                                  '{"prompt": "hi", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"])
+def test_json_python_cannot_read_is_a_bad_line_and_the_next_still_runs(line):
+    # An integer past Python's 4,300 digits (ValueError) or nesting past the recursion limit:
+    # both once ended the whole run with a traceback.
+    got = list(read_items(io.StringIO(line + '\n{"prompt": "next"}\n')))
+    assert got[0] == BadLine(1, None, "JSON too large to read (a number too long, or nesting too deep)")
+    assert got[1] == Item("2", 2, "next")
+
+
 def test_a_duplicate_id_is_a_bad_line_the_first_one_runs():  # the id is the first one's, not its own
     stream = io.StringIO('{"id": "a", "prompt": "1"}\n{"id": "2", "prompt": "2"}\n{"prompt": "3"}\n'
                          '{"id": "a", "prompt": "4"}\n{"id": 2, "prompt": "5"}\n')
