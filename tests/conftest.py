@@ -1,10 +1,12 @@
 """Shared fixtures: the bundled stories260K model, tiny random-weight models, scripted fake models,
 the shared SmolLM2 chat model, and a model that recites a tool call through a tool-calling template."""
 
+import contextlib
 import importlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -150,6 +152,47 @@ def demo_engine():
         m.setattr(calibrate, "BUDGET_S", 0.5)
         engine = Engine.load("demo")
         engine.costs()
+    return engine
+
+
+class Paced:
+    """`model`, each forward pass sleeping `delay` seconds a position it reads: an answer of n
+    tokens lasts at least n * delay on any machine (every token is a position of some pass,
+    drafted or not), so a client can leave in the middle of it however fast the model runs."""
+
+    def __init__(self, model, delay: float):
+        self.model, self.delay = model, delay
+
+    def __call__(self, inputs, *args, **kwargs):
+        time.sleep(self.delay * inputs.shape[-1])
+        return self.model(inputs, *args, **kwargs)
+
+    def __getattr__(self, name):  # its cache, layers and parameters are the model's
+        return getattr(self.model, name)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """At the model's own speed: for measuring its cost curves, which the sleeps would distort
+        (and they are the unpaced model's too: the same calibration key)."""
+        delay, self.delay = self.delay, 0.0
+        try:
+            yield
+        finally:
+            self.delay = delay
+
+
+@pytest.fixture(scope="session")
+def paced_engine(demo_engine):
+    """The demo model at 10 ms a position: its 342-token greedy answer to "Once upon a time"
+    (chat template) lasts over 3 s anywhere. The same weights and calibration key as demo_engine:
+    its curves are the demo's, never measured under the sleeps (servers.running warms them)."""
+    from dataclasses import replace
+
+    from specgen.engine.engine import Engine
+
+    engine = Engine(replace(demo_engine.loaded, model=Paced(demo_engine.loaded.model, 0.01)))
+    with engine.loaded.model.paused():
+        engine.costs()  # read from the cache demo_engine measured into
     return engine
 
 

@@ -1,5 +1,6 @@
 """Starting a real specgen server in tests: uvicorn on a free loopback port, in a thread, always stopped;
-the official clients pointed at it; an error read in its API's shape."""
+the official clients pointed at it; the worker's counts read from /health; an error read in its API's
+shape."""
 
 import contextlib
 import threading
@@ -8,6 +9,7 @@ import time
 import anthropic
 import httpx
 import openai
+from conftest import Paced
 
 from specgen.serve import ServeConfig, make_server
 
@@ -25,7 +27,15 @@ def running(engine, **settings):
             assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
         port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}", server.config.app.state.worker
+        url = f"http://127.0.0.1:{port}"
+        if isinstance(engine.loaded.model, Paced):
+            # One request at full speed first: the curves this server's batch size prices drafts
+            # by are measured then (if not yet), not under the sleeps.
+            with engine.loaded.model.paused():
+                r = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "Once", "max_tokens": 2},
+                               timeout=120)
+                assert r.status_code == 200, r.text
+        yield url, server.config.app.state.worker
     finally:
         server.should_exit = True
         thread.join(30)
@@ -42,18 +52,42 @@ def anthropic_client(url: str, **kw) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=url, api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
 
 
-def leave_mid_stream(url: str, worker, path: str, body: dict, lines: int) -> int:
-    """Stream `body` to `path`, leave after `lines` lines; how many more jobs the worker has
-    cancelled 5 s later (or as soon as it has cancelled one)."""
-    before = worker.cancelled
+def health(url: str) -> dict:
+    """GET /health: the worker's counts of jobs served, cancelled and failed, whether one is
+    running, and how many are queued."""
+    r = httpx.get(f"{url}/health", timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def settled(url: str, before: dict, jobs: int, timeout: float = 30.0) -> dict:
+    """How many more jobs than `before` (a /health answer) /health counts as served, cancelled
+    and failed, once it counts `jobs` more in all and runs and queues none (or after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = health(url)
+        done = {k: now[k] - before[k] for k in ("served", "cancelled", "failed")}
+        idle = not now["running"] and not now["queued"]
+        if (sum(done.values()) >= jobs and idle) or time.monotonic() > deadline:
+            return done
+        time.sleep(0.02)
+
+
+CANCELLED = {"served": 0, "cancelled": 1, "failed": 0}  # one job, stopped before its end
+
+
+def leave_mid_stream(url: str, path: str, body: dict, lines: int) -> dict:
+    """Stream `body` to `path` and leave after `lines` lines; then `settled`'s counts for the job.
+    A job counts as cancelled only if it stopped before its answer's end: given an answer that
+    lasts longer than it takes the server to notice (paced_engine), it is CANCELLED only if the
+    server noticed the client leave, and served if it did not."""
+    before = health(url)
     with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200, r.read()
         read = r.iter_lines()
         for _ in range(lines):
             next(read)
-    deadline = time.monotonic() + 5
-    while worker.cancelled == before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return worker.cancelled - before
+    return settled(url, before, jobs=1)
 
 
 def error_message(path: str, r: httpx.Response, param: str | None = None) -> str:

@@ -15,7 +15,7 @@ import anthropic
 import httpx
 import pytest
 from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers
-from servers import anthropic_client, client, leave_mid_stream, running
+from servers import CANCELLED, anthropic_client, client, leave_mid_stream, running
 
 REQUESTS = Path(__file__).resolve().parents[1] / "agents" / "requests"  # what Claude Code really sent
 ORDER = re.compile(r"message_start (content_block_start (content_block_delta )+content_block_stop )*"
@@ -231,6 +231,7 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(demo_engine):
     assert e.value.body["error"]["type"] == "authentication_error"
 
 
-def test_a_client_that_leaves_is_cancelled(served):
+def test_a_client_that_leaves_is_cancelled(paced_engine):  # answers too slowly to end first
     body = {"model": "claude", "max_tokens": 100000, "messages": MSG}
-    assert leave_mid_stream(*served, "/v1/messages", body, lines=8) == 1
+    with running(paced_engine) as (url, _):
+        assert leave_mid_stream(url, "/v1/messages", body, lines=8) == CANCELLED

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import QUESTION, TOOLS, needs_smollm2, needs_tokenizers, reciting_engine
-from servers import client, leave_mid_stream, running
+from servers import CANCELLED, client, leave_mid_stream, running
 
 REQUESTS = Path(__file__).resolve().parents[1] / "agents" / "requests"  # what Codex really sent
 
@@ -228,5 +228,6 @@ def test_a_custom_tool_and_hosted_tools_are_accepted_and_unknown_items_ignored(s
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens" and r.usage.output_tokens == 3
 
 
-def test_a_client_that_leaves_is_cancelled(served):
-    assert leave_mid_stream(*served, "/v1/responses", {"model": "m", "input": MSG}, lines=12) == 1
+def test_a_client_that_leaves_is_cancelled(paced_engine):  # answers too slowly to end first
+    with running(paced_engine) as (url, _):
+        assert leave_mid_stream(url, "/v1/responses", {"model": "m", "input": MSG}, lines=12) == CANCELLED
