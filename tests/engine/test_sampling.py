@@ -1,7 +1,11 @@
 import math
+from collections import Counter
 
+import mlx.core as mx
 import pytest
 from conftest import TableModel, run, tiny_model
+from mlx_lm import sample_utils
+from mlx_lm.sample_utils import make_sampler
 
 from specgen.engine.sampling import GREEDY, Sampler, make_selector
 from specgen.errors import InputError
@@ -66,6 +70,40 @@ def test_keyed_noise_means_a_wrong_distribution_would_be_caught():
                            selector=Sampler(1.0, seed=seed))
         counts[tokens[0]] += 1
     assert sum((c - n * e) ** 2 / (n * e) for c, e in zip(counts, wrong)) > 16.27
+
+
+# Untempered probabilities of 8 tokens, in a shuffled token order (filters keep by value, not index).
+FILTERED = {3: 0.30, 6: 0.22, 0: 0.16, 5: 0.12, 1: 0.09, 7: 0.06, 2: 0.03, 4: 0.02}
+# Each filter alone keeps a set of its own (so a skipped one shows), and so does each filter applied
+# after the temperature, not before; each pair and the three keep one set in mlx-lm's order (top_p,
+# min_p, top_k) and a smaller one with top_p later. (min_p and top_k commute: both keep a top set.)
+FILTERS = [dict(top_p=0.75), dict(min_p=0.25), dict(top_k=3), dict(top_p=0.55, top_k=3),
+           dict(top_p=0.75, min_p=0.25), dict(top_p=0.75, min_p=0.25, top_k=5)]
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52}  # the 0.999 quantile, by degrees of freedom
+
+
+def mlx_lm_law(logprobs: mx.array, temp: float, filters: dict, monkeypatch) -> dict[int, float]:
+    """The law make_sampler draws a token from (token -> probability, its support only): read from
+    the logits it hands its categorical draw, so its own filters, order and temperature made it."""
+    handed = []
+    monkeypatch.setattr(sample_utils, "categorical_sampling",
+                        lambda x, t: handed.append(x * (1.0 / t)) or mx.argmax(x, axis=-1))
+    make_sampler(temp, **filters)(logprobs[None])
+    return {i: p for i, p in enumerate(mx.softmax(handed[0][0], axis=-1).tolist()) if p > 0}
+
+
+@pytest.mark.parametrize("filters", FILTERS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_filters_keep_mlx_lms_support_and_sample_its_law(filters, monkeypatch):
+    logprobs = mx.array([math.log(FILTERED[i]) for i in range(len(FILTERED))])
+    law = mlx_lm_law(logprobs, 1.5, filters, monkeypatch)
+    n = 3000  # one verify pass of n rows: positions 0..n-1, each its own keyed noise
+    picks = Sampler(1.5, seed=7, **filters).verify(mx.broadcast_to(logprobs, (n, len(FILTERED))), [], 0,
+                                                   [0] * (n - 1)).tokens
+    counts = Counter(picks)
+    # Every token mlx-lm may draw is drawn (each has p > 0.1: missing one has odds under 1e-100), no other.
+    assert set(counts) == set(law), (sorted(counts), sorted(law))
+    chi2 = sum((counts[i] - n * p) ** 2 / (n * p) for i, p in law.items())  # seeds fixed: no flakes
+    assert chi2 < CHI2_999[len(law) - 1], (counts, {i: round(n * p) for i, p in law.items()})
 
 
 @pytest.mark.parametrize("kw", [dict(temp=-1), dict(temp=1, top_p=1.5), dict(temp=1, top_k=-2),
