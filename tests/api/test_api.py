@@ -12,7 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx_lm
 import pytest
-from conftest import SHARED
+from conftest import SMOLLM2, needs_smollm2
 from mlx_lm.generate import GenerationResponse
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
@@ -21,9 +21,7 @@ import specgen
 from specgen.engine import registry
 from specgen.errors import SettingError
 
-SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
 PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
-needs_smollm2 = pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")
 ONCE = "Once upon a time, there was a little girl named Lily. She loved to play outside"
 
 
@@ -39,12 +37,16 @@ def demo_mlx_lm():
 
 @pytest.fixture(scope="module")
 def smollm2():
+    """SmolLM2 as specgen.load loads it (its own load: what is checked is the engine that load
+    makes and registers for the pair)."""
     return specgen.load(str(SMOLLM2))
 
 
 @pytest.fixture(scope="module")
-def smollm2_mlx_lm():
-    return mlx_lm.load(str(SMOLLM2))
+def smollm2_mlx_lm(smollm2_engine):
+    """The shared SmolLM2's pair: what mlx_lm.load returns (registry.load is mlx_lm.load), and
+    unknown to specgen's API, which makes an engine for it on first use as for any mlx-lm pair."""
+    return smollm2_engine.loaded.model, smollm2_engine.loaded.tokenizer
 
 
 SHORTEST = (("chat", 11), ("code_fix", 7), ("chat", 16), ("chat", 0), ("chat", 1))  # 34-81 tokens

@@ -6,7 +6,7 @@ import warnings
 
 import mlx_lm
 import pytest
-from conftest import SHARED, tiny_model
+from conftest import needs_smollm2, tiny_model
 from mlx_lm.generate import BatchResponse
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -17,7 +17,6 @@ from specgen.engine import batch_cost, calibrate
 from specgen.engine.batch_streams import Streams
 from specgen.errors import SettingError
 
-SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
 PROMPTS = ["Once upon a time, there was a little girl named Lily. She loved to play outside. Lily",
            "Tim and Sam went to the park", "Bob", "The cat sat on the mat. The cat sat on the"]
 
@@ -138,10 +137,10 @@ def test_a_model_that_reads_one_position_runs_one_prompt_at_a_time(demo, capsys)
             == (batched.stats.prompt_tokens, batched.stats.generation_tokens))
 
 
-@pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")
-def test_the_shared_chat_model_batched_equals_it_alone():
+@needs_smollm2
+def test_the_shared_chat_model_batched_equals_it_alone(smollm2_engine):
     # Its 4-bit passes cost ~k times one position on this CPU: short raw prompts, short answers.
-    model, tokenizer = specgen.load(str(SMOLLM2))
+    model, tokenizer = smollm2_engine.loaded.model, smollm2_engine.loaded.tokenizer  # mlx_lm.load's pair
     prompts = ["1, 2, 3, 4, 5,", "The capital of France is"]
     ours = batch_generate(model, tokenizer, prompts, max_tokens=8, draft=2, return_token_ids=True)
     assert ours.token_ids == [alone(model, tokenizer, p, max_tokens=8, draft=2) for p in prompts]

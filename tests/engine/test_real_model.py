@@ -6,23 +6,21 @@ outputs are short; the edit prompt makes the model copy code, so drafts are acce
 """
 
 import pytest
-from conftest import SHARED, plain_tokens, run
+from conftest import needs_smollm2, plain_tokens, run
 
 from specgen.draft.drafter import make_drafter
-from specgen.engine import registry
 from specgen.engine.prompts import encode_prompt
 from specgen.engine.sampling import make_selector
 
-SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
-pytestmark = pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")
+pytestmark = needs_smollm2
 
 EDIT = "Rename `x` to `total` in this code. Reply with the code only.\n```python\ndef f(x):\n    x = x + 1\n    return x * 2\n```"
 QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return registry.load(registry.resolve(str(SMOLLM2), registry.load_registry()))
+def smollm2(smollm2_engine):
+    return smollm2_engine.loaded  # registry.load's LoadedModel of the folder, as `-m` loads it
 
 
 def test_its_stop_token_ends_a_turn(smollm2):

@@ -17,15 +17,16 @@ import re
 import shutil
 import subprocess
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import SMOLLM2, TEMPLATE, needs_smollm2
+from mlx_lm.utils import load_tokenizer
 from servers import running
 
-from specgen.engine import calibrate
 from specgen.engine.engine import Engine
 
 AGENTS = Path(__file__).resolve().parents[1] / "agents"
@@ -84,19 +85,17 @@ def agent_clients() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def smollm2_with_tools(tmp_path_factory) -> Engine:
-    """SmolLM2's weights with a ChatML template that writes the tools' schemas into the prompt, as
-    a tool-calling model's does: Claude Code's full-size request then holds 12K tokens."""
+def smollm2_with_tools(smollm2_engine, tmp_path_factory) -> Engine:
+    """The shared SmolLM2 with a ChatML template that writes the tools' schemas into the prompt,
+    as a tool-calling model's does: Claude Code's full-size request then holds 12K tokens. Only
+    the tokenizer is new (loaded as mlx_lm.load loads one); the weights are the shared engine's."""
     folder = tmp_path_factory.mktemp("smollm2-tools")
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    for name in ("config.json", "tokenizer.json"):
         (folder / name).symlink_to(SMOLLM2 / name)
     config = json.loads((SMOLLM2 / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(calibrate, "BUDGET_S", 0.5)  # this test is not about the cost curve
-        engine = Engine.load(str(folder))
-        engine.costs()
-    return engine
+    eos = json.loads((SMOLLM2 / "config.json").read_text()).get("eos_token_id")
+    return Engine(replace(smollm2_engine.loaded, tokenizer=load_tokenizer(folder, eos_token_ids=eos)))
 
 
 class _Forward(BaseHTTPRequestHandler):
