@@ -88,19 +88,21 @@ def build(shape: str, dtype: str, vocab: int):
     return Forced(model)
 
 
-def pass_costs(model, tokens: list[int], rounds: int = 20) -> dict[str, object]:
+def pass_costs(model, tokens: list[int], context: int, rounds: int = 10) -> dict[str, object]:
     """Seconds of a synchronous pass (1 and 8 positions, argmax read back), of mlx-lm's pipelined
-    plain step, and of queued passes of k positions (8 back to back, read once) per k."""
+    plain step, and of queued passes of k positions (8 back to back, read once) per k, over
+    `context` cached tokens (attention over them weighs on a narrow model's wide passes)."""
+    tokens = (tokens * (1 + (context + 600) // len(tokens)))[: context + 600]
     cache = make_prompt_cache(model)
     back = Rollback(cache)
-    model(mx.array([tokens[:256]]), cache=cache)
+    model(mx.array([tokens[:context]]), cache=cache)
     mx.eval([c.state for c in cache])
-    back.fed(256)
+    back.fed(context)
     at = back.cached
 
     def sync(k):
         t = time.perf_counter()
-        mx.argmax(model(mx.array([tokens[256:256 + k]]), cache=cache)[0], axis=-1).tolist()
+        mx.argmax(model(mx.array([tokens[at:at + k]]), cache=cache)[0], axis=-1).tolist()
         dt = time.perf_counter() - t
         back.fed(k)
         back.rewind_to(at)
@@ -110,7 +112,7 @@ def pass_costs(model, tokens: list[int], rounds: int = 20) -> dict[str, object]:
         t = time.perf_counter()
         outs = []
         for i in range(n):
-            outs.append(mx.argmax(model(mx.array([tokens[256 + i * k:256 + (i + 1) * k]]), cache=cache)[0], -1))
+            outs.append(mx.argmax(model(mx.array([tokens[at + i * k:at + (i + 1) * k]]), cache=cache)[0], -1))
             mx.async_eval(outs[-1])
         mx.eval(outs)
         dt = (time.perf_counter() - t) / n
@@ -119,7 +121,7 @@ def pass_costs(model, tokens: list[int], rounds: int = 20) -> dict[str, object]:
         return dt
 
     def pipelined(n=16):
-        y = mx.array([tokens[256]])
+        y = mx.array([tokens[at]])
         t = time.perf_counter()
         y = mx.argmax(model(y[None], cache=cache)[0, -1]).reshape(1)
         mx.async_eval(y)
@@ -183,22 +185,21 @@ def main():
     model = build(args.shape, args.dtype, len(tokenizer.vocab) if hasattr(tokenizer, "vocab") else 49152)
     sample = enc(" ".join(json.loads(line)["output"] for line in
                           (SHARED / "traces/chat_llama2_7b.jsonl").read_text().splitlines()[:8]))
-    model.target.set(sample, end)
-    costs = pass_costs(model, sample)
-    queued = relative(costs["queued"])
     print(f"# {args.shape} ({args.dtype}), {mx.default_device()}, mlx {mx.__version__}, BLAS: {blas()}")
-    print(f"# pass ms: sync 1 = {costs['sync1'] * 1e3:.2f}, sync 8 = {costs['sync8'] * 1e3:.2f}, "
-          f"pipelined plain = {costs['pipelined'] * 1e3:.2f}; queued k / queued 1: "
-          + ", ".join(f"{k}: {v:.2f}" for k, v in queued.items()))
-    cost = cost_function(queued)
     engine = specgen.engine_for(model, tokenizer)
     found = engine.costs()
     print(f"# specgen's calibration: {found.curve}, off: {found.off}")
-    print(f"{'set':26} {'mlx-lm':>7} {'specgen':>7} {'speedup':>8} {'min':>5} {'max':>5} "
-          f"{'tok/step':>8} {'predicted':>9} {'kept':>5} {'identical':>9}")
     for name in args.sets:
         rows = [json.loads(line) for line in (SHARED / f"traces/{name}.jsonl").read_text().splitlines()]
         picked = pick_traces(rows, enc, args.traces, args.max_prompt, args.max_tokens)
+        context = sum(len(p) + len(o) // 2 for p, o in picked) // len(picked)
+        model.target.set(sample, end)
+        costs = pass_costs(model, sample, context)
+        queued = relative(costs["queued"])
+        cost = cost_function(queued)
+        print(f"## {name}: over {context} tokens, pass ms: sync 1 = {costs['sync1'] * 1e3:.2f}, "
+              f"sync 8 = {costs['sync8'] * 1e3:.2f}, pipelined plain = {costs['pipelined'] * 1e3:.2f}; "
+              "queued k / queued 1: " + ", ".join(f"{k}: {v:.2f}" for k, v in queued.items()))
         predicted = Tally()
         for prompt, output in picked:
             predicted.add(replay(prompt, output, make_drafter(None, cost=cost), draft=64, cost=cost))
@@ -224,9 +225,11 @@ def main():
         row = {"set": name, "shape": args.shape, "dtype": args.dtype, "device": str(mx.default_device()),
                "mlx_lm_tps": spread(rounds.tps("mlx-lm"))[0], "specgen_tps": spread(rounds.tps("specgen"))[0],
                "speedup": med, "min": low, "max": high, "tokens_per_step": tps, "predicted": pred,
-               "kept": med / pred, "identical": identical,
+               "kept": med / pred, "identical": identical, "context": context, "queued": queued,
                "pass_ms": {"sync1": costs["sync1"] * 1e3, "sync8": costs["sync8"] * 1e3,
                            "pipelined": costs["pipelined"] * 1e3}}
+        print(f"{'set':26} {'mlx-lm':>7} {'specgen':>7} {'speedup':>8} {'min':>5} {'max':>5} "
+              f"{'tok/step':>8} {'predicted':>9} {'kept':>5} {'identical':>9}")
         print(f"{name:26} {row['mlx_lm_tps']:7.1f} {row['specgen_tps']:7.1f} {med:7.2f}x {low:5.2f} {high:5.2f} "
               f"{tps:8.2f} {pred:8.2f}x {med / pred:5.2f} {str(identical):>9}", flush=True)
         if args.json:

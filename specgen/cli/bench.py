@@ -133,12 +133,12 @@ def mlx_lm_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset,
 
 def specgen_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset, make: Callable,
                    draft: int, context_length: int | None = None, queue_after: int | None = None,
-                   off: str | None = None, selector: Selector = GREEDY, pricing=None) -> Timed:
+                   off: str | None = None, selector: Selector = GREEDY, prices=None) -> Timed:
     """specgen's loop with a fresh drafter from `make()`, timed after prefill."""
     steps, start = [], None
     for e in generate(model, prompt, drafter=make(), draft=draft, max_tokens=max_tokens,
                       stop_tokens=stop, context_length=context_length, queue_after=queue_after, off=off,
-                      selector=selector, pricing=pricing):
+                      selector=selector, prices=prices):
         if isinstance(e, Step):
             steps.append(e)
         else:
@@ -149,7 +149,7 @@ def specgen_tokens(model, prompt: list[int], max_tokens: int, stop: frozenset, m
 
 def run_set(name: str, model, prompts: list[list[int]], *, max_tokens: int, repeats: int, stop,
             make: Callable, draft: int, context_length=None, queue_after=None, off: str | None = None,
-            pricing=None,
+            prices=None,
             predict: Callable[[list[int], list[int]], Tally] | None = None,
             progress: Callable[[], None] = lambda: None) -> SetResult:
     """Benchmark one prompt set (token ids) against mlx-lm; see the module docstring.
@@ -158,7 +158,7 @@ def run_set(name: str, model, prompts: list[list[int]], *, max_tokens: int, repe
     res = SetResult(name, len(prompts))
     base = lambda p: mlx_lm_tokens(model, p, max_tokens, stop, context_length)
     spec = lambda p: specgen_tokens(model, p, max_tokens, stop, make, draft, context_length, queue_after, off,
-                                    pricing=pricing)
+                                    prices=prices)
     base(prompts[0][:]), spec(prompts[0])  # warm-up
 
     def seen(r: int, i: int, runs: dict[str, Timed]) -> None:

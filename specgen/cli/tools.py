@@ -139,7 +139,7 @@ def bench(
             res = run_set(name, loaded.model, ids, max_tokens=max_tokens, repeats=repeats,
                           stop=loaded.stop_ids, context_length=loaded.context_length,
                           queue_after=found.queue_after if found else None, make=make, draft=mode.cap, off=off,
-                          pricing=found.pricing if found else None, predict=predict, progress=advance)
+                          prices=found.prices if found else None, predict=predict, progress=advance)
             results.append(res.to_dict())
     for r in results:
         for d in r["divergences"]:

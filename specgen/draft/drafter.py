@@ -168,12 +168,13 @@ class AdaptiveDrafter:
 
     def continuation(self, drafts: Sequence[int], room: int) -> Ahead:
         """What it would draft after `drafts` if they all held, for a pass queued before the
-        verdict on them is read: a draft of up to len(drafts) + room tokens from its state now,
-        which must begin with `drafts`, less them, and the chance it gives `drafts` of holding
-        whole (0 where that draft does not begin with them). The coming verdict is on its last
-        draft still; with no `drafts`, on this one's first token (see `guess_only`)."""
+        verdict on them is read: its draft from its state now, which must begin with `drafts`,
+        continued by up to `room` tokens as a pass of their own would be, less `drafts`; and the
+        chance it gives `drafts` of holding whole (0 where its draft does not begin with them).
+        The coming verdict is on its last draft still; with no `drafts`, on this one's first
+        token (see `guess_only`)."""
         last = self.last
-        made = self._propose(len(drafts) + room) if room > 0 else None
+        made = self._propose(room, skip=len(drafts)) if room > 0 else None
         if drafts:
             self.last = last
         else:
@@ -192,7 +193,9 @@ class AdaptiveDrafter:
         """Whether `draft(room)` would draft anything; nothing is remembered for a verdict."""
         return self._propose(room) is not None
 
-    def _propose(self, room: int) -> Draft | None:
+    def _propose(self, room: int, skip: int = 0) -> Draft | None:
+        """A draft of up to `room` tokens, as long as pays; after `skip` tokens taken as they come
+        (a draft in flight, to be continued as if it held: `continuation`)."""
         toks = self.tokens
         if self.copies.start is None:
             self.copies.start = len(toks)
@@ -217,8 +220,11 @@ class AdaptiveDrafter:
             if guess is None and toks[-1] not in self.recycled:  # nothing to go on: no draft
                 return None
         made = Draft([], [], copy)
-        k = choose_length(candidates(self, keys, made, guess), table, room, self.params.min_p)
-        if k == 0:
+        chances = candidates(self, keys, made, guess)
+        if any(next(chances, None) is None for _ in range(skip)):
+            return None
+        k = skip + choose_length(chances, table, room, self.params.min_p)
+        if k == skip:
             return None
         del made.tokens[k:], made.evidence[k:], made.chances[k:]
         return made

@@ -24,9 +24,9 @@ from specgen.draft.store import CACHE_ENV
 from specgen.engine.cost import (
     Curve,
     cost_function,
-    Pricing,
+    StepPrices,
     drafting_cost,
-    pricing,
+    step_prices,
     queue_after,
     relative,
     unprofitable,
@@ -209,9 +209,11 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     before_measuring()
     seconds = measure(model, sample, fixed=world is not None)
     if world is None:
-        curve = Curve(relative(seconds), measure_overlap(model, sample, seconds[min(seconds)]))
+        one = seconds[min(seconds)]
+        curve = Curve(relative(seconds), measure_overlap(model, sample, one), one)
     else:
-        curve = unflat(share(world, flat(Curve(relative(seconds))) if world.rank == 0 else None))
+        curve = unflat(share(world, flat(Curve(relative(seconds), 0.0, seconds[min(seconds)]))
+                             if world.rank == 0 else None))
         if world.rank != 0:
             return Calibrated(curve, True, None)  # rank 0 keeps the cache
     entry = {"relative": {str(k): v for k, v in curve.relative.items()}, "overlap": curve.overlap,
@@ -224,6 +226,20 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     return Calibrated(curve, True, warning)
 
 
+def warm_up(model, sample: list[int], sizes=SIZES) -> None:
+    """One pass of each width over a fresh cache, read back: on a GPU the first pass of a width
+    compiles its kernels (seen on an H100 with MLX's CUDA build), which would otherwise stall the
+    first request that drafts that many tokens. A measured curve has run them already."""
+    cache = make_prompt_cache(model)
+    tokens = (sample * (1 + max(sizes) // max(len(sample), 1)))[: max(sizes)]
+    back = Rollback(cache)
+    back.mark()  # state caches are restored to empty after each pass
+    for k in sizes:
+        GREEDY.verify(model(mx.array([tokens[:k]], mx.uint32), cache=cache)[0], (), 0, ())
+        back.fed(k)
+        back.rewind_to(0)
+
+
 class Costs(NamedTuple):
     """A model's verify cost as run and bench use it."""
 
@@ -231,7 +247,7 @@ class Costs(NamedTuple):
     step: CostFn  # what a step costs (the measured curve), for predictions
     curve: Curve
     queue_after: int | None  # the loop's queuing policy (cost.queue_after)
-    pricing: Pricing  # steps in the plain steps they compete with (cost.pricing)
+    prices: StepPrices  # steps in the plain steps they compete with (cost.step_prices)
     off: str | None  # why speculation cannot pay on this curve (cost.unprofitable), if it cannot
     fresh: bool  # measured now
     warning: str | None  # the cache could not be read or written
@@ -243,8 +259,10 @@ def model_costs(model, key: str, tokenizer, *, recalibrate: bool = False,
     sample = list(tokenizer.encode(SAMPLE)) or [0]
     curve, fresh, warning = load_or_measure(model, key, sample, recalibrate=recalibrate,
                                             before_measuring=before_measuring, world=world)
+    if not fresh and mx.default_device().type != mx.cpu:  # CPU kernels need no compiling
+        warm_up(model, sample)
     step = cost_function(curve.relative)
     ahead = queue_after(curve)
     refeed = Rollback(make_prompt_cache(model)).how != "trim"
     return Costs(drafting_cost(step, curve.overlap, ahead, refeed), step, curve, ahead,
-                 pricing(step, curve.overlap, ahead), unprofitable(curve), fresh, warning)
+                 step_prices(step, curve, ahead), unprofitable(curve), fresh, warning)

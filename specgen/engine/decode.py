@@ -6,6 +6,7 @@ never prints and never times anything: stats and display are computed by the cal
 
 from __future__ import annotations
 
+import time
 from typing import Iterator, NamedTuple, Sequence
 
 import mlx.core as mx
@@ -18,7 +19,7 @@ from specgen.draft.governor import Governor
 from specgen.draft.predictor import NGramPredictor
 from specgen.draft.schedule import Schedule
 from specgen.engine.rollback import Rollback
-from specgen.engine.cost import Pricing
+from specgen.engine.cost import StepPrices
 from specgen.engine.sampling import GREEDY, Selector, accept, read, settle
 from specgen.errors import InputError
 from specgen.settings import check
@@ -68,7 +69,7 @@ def generate(
     selector: Selector = GREEDY,
     queue_after: int | None = None,
     off: str | None = None,
-    pricing: Pricing | None = None,
+    prices: StepPrices | None = None,
 ) -> Iterator[Prefilled | Step]:
     """Generate from `prompt` (token ids), speculating with `drafter` (up to `draft` tokens a
     step; 0: plain decoding); `off` says why not to speculate at all (e.g. cost.unprofitable).
@@ -77,8 +78,8 @@ def generate(
     check) and the drafter still see the whole prompt. Likewise `drafter` may already have been
     fed the first `drafter_fed` tokens of `prompt` (a server's earlier turn): it gets the rest.
     `queue_after`: None, every pass is read before the next is built; else passes are queued
-    behind the one in flight (plain ones always, as mlx-lm; behind drafts as `pricing` says).
-    `pricing` (cost.Pricing): what steps cost in plain steps as this loop runs them; given,
+    behind the one in flight (plain ones always, as mlx-lm; behind drafts as `prices` says).
+    `prices` (cost.StepPrices): what steps cost in plain steps as this loop runs them; given,
     drafting stops while drafts do not earn it and resumes once they would (governor.py).
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
@@ -100,7 +101,7 @@ def generate(
     else:
         speculation = Speculation(True, rollback=rollback.how)
     drafter = drafter if drafter is not None else NGramPredictor()
-    governor = Governor(pricing.price) if pricing is not None and speculation.on else None
+    governor = Governor(prices.price) if prices is not None and speculation.on else None
     history = list(prompt)  # prompt + emitted tokens; its last token is not in the cache yet
 
     def forward(tokens) -> mx.array:
@@ -177,7 +178,7 @@ def generate(
         """The pass after `cur`, queued before `cur` is read, as if every draft of `cur` holds: its
         input is `cur`'s own next token (lazy), then what the drafter would draft after that
         (none while drafting does not pay). None where queuing it does not pay."""
-        nonlocal guess
+        nonlocal guess, chance
         at = cur.pos + len(cur.drafts) + 1
         if queue_after is None or not schedule.fits(at):
             return None
@@ -188,9 +189,6 @@ def generate(
                 schedule.heard(drafter.would_draft(schedule.room(cur.pos)))
             if cur.drafts or not schedule.queue_next(cur.pos):
                 return None
-        elif cur.drafts and (pricing is None
-                             or not pricing.queue_behind(ahead.chance, max(len(ahead.tokens) - 1, 0))):
-            return None
         more = list(ahead.tokens[1:room]) if ahead is not None else []
         if ahead is not None and not cur.drafts:
             guess = ahead.tokens  # the drafter's guess at `cur`'s own token (and on)
@@ -198,6 +196,14 @@ def generate(
             if ahead is not None and not cur.drafts:
                 governor.imagine(ahead.tokens)  # judged from `cur`'s own token on
             more = []
+        if cur.drafts:  # behind a draft: with its continuation, else alone, else not at all
+            chance = ahead.chance
+            sure = governor.sure(chance) if governor is not None else chance
+            gap = governor.gap(prices) if governor is not None and prices is not None else None
+            if prices is None or not prices.queue_behind(sure, len(more), gap):
+                more = []
+                if prices is None or not prices.queue_behind(sure, 0, gap):
+                    return None
         bonus = cur.out[0, -1:] if cur.drafts else cur.out
         return launch(mx.concatenate([bonus, mx.array(more, mx.uint32)]) if more else bonus, more, at, True)
 
@@ -217,6 +223,8 @@ def generate(
                             context_length=context_length, queue_after=queue_after)
         inflight: _Pass | None = None
         guess: list[int] = []  # the drafter's unverified guess at the next token (and on)
+        chance = None  # the drafter's chance that the draft in flight holds whole, where asked
+        read_at = None  # when the last pass was read, if nothing was queued behind it
         try:
             while True:
                 if inflight is None:
@@ -225,20 +233,23 @@ def generate(
                     schedule.heard(bool(drafts))
                     # The last token, after any a restore took back out of the cache, then drafts.
                     inflight = launch([*history[rollback.cached:], *drafts], drafts, pos, False)
-                cur, inflight = inflight, None
+                    if governor is not None and read_at is not None:  # the device waited this long
+                        governor.waited(time.perf_counter() - read_at)
+                cur, inflight, chance = inflight, None, None
                 nxt = behind(cur)
                 if cur.drafts:
                     tokens, matched, confirmed = judge(cur)
-                    emitted, stop, stop_token = finish(tokens, len(cur.drafts), matched)
+                    told = len(cur.drafts), matched
                 else:
                     tokens, matched, confirmed = [cur.out.item()], 0, False
                     if speculation.on:
                         drafter.recycle(history[-1:], tokens)
-                    # The drafter hears how its guess at this token (if it made one) fared.
-                    emitted, stop, stop_token = finish(tokens, min(len(guess), 1), int(guess[:1] == tokens))
+                    told = min(len(guess), 1), int(guess[:1] == tokens)  # its guess at this token
+                read_at = time.perf_counter() if nxt is None else None
+                emitted, stop, stop_token = finish(tokens, *told)
                 guess = []
                 if governor is not None and cur.drafts:
-                    governor.judged(len(cur.drafts), min(matched, len(emitted)))
+                    governor.judged(len(cur.drafts), min(matched, len(emitted)), chance)
                 if nxt is not None and not stop and not confirmed and matched == len(cur.drafts):
                     inflight = nxt  # every draft held: the pass behind is the right next one
                 else:

@@ -41,7 +41,7 @@ class Plan(NamedTuple):
     cap: int  # most drafted tokens a step
     off: str | None  # why not to speculate
     queue_after: int | None  # the single-sequence loop's queuing policy (cost.queue_after)
-    pricing: object  # cost.Pricing: how the loop weighs steps and queues passes (None: unmeasured)
+    prices: object  # cost.StepPrices: how the loop weighs steps and queues passes (None: unmeasured)
     stop_ids: frozenset[int]
     drafter_fed: int  # prompt tokens the drafter was already fed
 
@@ -175,7 +175,7 @@ class Engine:
         stats.draft_mode, stats.temp = str(mode), opts.temp
         stats.seed, stats.cached_tokens = getattr(selector, "seed", None), request.cached
         return Plan(drafter, selector, mode.cap, request.off or (found.off if found else None),
-                    found.queue_after if found else None, found.pricing if found else None,
+                    found.queue_after if found else None, found.prices if found else None,
                     self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
                     request.drafter_fed if drafter is request.drafter else 0)
 
@@ -190,7 +190,7 @@ class Engine:
                                  max_tokens=request.options.max_tokens, stop_tokens=plan.stop_ids,
                                  context_length=self.loaded.context_length, prompt_cache=request.prompt_cache,
                                  cached=request.cached, selector=plan.selector, drafter_fed=plan.drafter_fed,
-                                 queue_after=plan.queue_after, off=plan.off, pricing=plan.pricing)
+                                 queue_after=plan.queue_after, off=plan.off, prices=plan.prices)
         responder = Responder(self.loaded.tokenizer, request.options.stop, stats, plan.drafter)
         try:
             for event in events:

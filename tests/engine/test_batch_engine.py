@@ -249,7 +249,8 @@ def test_pricing_drafts_where_a_wider_step_pays_and_not_where_it_does_not(storie
     measured = measure(stories.model, stories.tokenizer.encode(STORY), max_rows=4, budget_s=0.5)
     assert sorted(measured.grid) == [1, 2, 4]
     assert all(row[1] > 0 and len(row) >= 2 for row in measured.grid.values())
-    assert measured.slot_s >= 0 and measured.position_slot_s >= 0
+    # Attention over the longer buffer costs something: a fit that found nothing (both clamped to 0) is wrong.
+    assert measured.slot_s + measured.position_slot_s > 0
 
 
 def test_drafts_that_pay_over_a_short_cache_do_not_over_a_long_one():

@@ -11,7 +11,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from specgen.draft.drafter import make_drafter
-from specgen.engine.cost import Pricing
+from specgen.engine.cost import StepPrices
 from specgen.engine.rollback import Rollback
 from specgen.engine.sampling import make_selector
 
@@ -123,7 +123,7 @@ def test_a_rotating_cache_the_caller_passes(keep):
         assert np.allclose(a, b, atol=1e-4)
 
 
-ALWAYS_QUEUE = Pricing(lambda k: 1.0, 1.0)  # every pass is queued behind the one in flight
+ALWAYS_QUEUE = StepPrices(lambda k: 1.0, 1.0)  # every pass is queued behind the one in flight
 
 
 @pytest.mark.parametrize("arch", CASES)
@@ -134,7 +134,7 @@ def test_passes_queued_behind_drafts_give_plain_output_and_cache(arch):
     model = Steered(tiny_model(arch, **overrides), boost)
     cache = make_prompt_cache(model)
     tokens, steps, _ = run(model, PROMPT, drafter=make_drafter(None), draft=8, max_tokens=200,
-                           prompt_cache=cache, queue_after=1, pricing=ALWAYS_QUEUE)
+                           prompt_cache=cache, queue_after=1, prices=ALWAYS_QUEUE)
     assert tokens == plain_tokens(model, PROMPT, 200)
     kept = sum(s.queued and s.drafted > 0 for s in steps)
     dropped = sum(s.drafted > s.accepted or s.confirmed for s in steps)  # each had one behind it
@@ -188,6 +188,16 @@ def test_seeded_sampling_is_the_same_with_passes_queued_behind(arch):
     overrides, boost, _ = CASES[arch]
     model = Steered(tiny_model(arch, **overrides), boost * 2)
     out = [run(model, PROMPT, drafter=make_drafter(None), draft=draft, max_tokens=120, queue_after=ahead,
-               pricing=ALWAYS_QUEUE, selector=make_selector(0.5, seed=5))[0]
+               prices=ALWAYS_QUEUE, selector=make_selector(0.5, seed=5))[0]
            for draft, ahead in ((0, None), (8, 1))]
     assert out[0] == out[1]
+
+
+@pytest.mark.parametrize("arch", CASES)
+def test_warming_up_runs_each_pass_width_once_on_every_cache_type(arch):
+    from specgen.engine.calibrate import warm_up
+
+    overrides, boost, _ = CASES[arch]
+    model = Steered(tiny_model(arch, **overrides), boost)
+    warm_up(model, PROMPT, sizes=(1, 2, 4, 8))
+    assert model.fed == 15

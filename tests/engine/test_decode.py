@@ -8,7 +8,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from specgen.draft.events import Step
 from specgen.engine import sampling
 from specgen.draft.drafter import make_drafter
-from specgen.engine.cost import Pricing
+from specgen.engine.cost import StepPrices
 from specgen.engine.decode import generate
 from specgen.errors import InputError
 
@@ -184,8 +184,8 @@ def misleading_cycle():
 def test_the_governor_stops_drafts_that_do_not_pay_and_resumes_when_they_would():
     model, prompt = misleading_cycle()
     runs = {}
-    for name, pricing in (("ungoverned", None), ("governed", Pricing(lambda k: 1.5 + 0.05 * k, 0.0))):
-        runs[name] = run(model, prompt, drafter=make_drafter(None), draft=16, max_tokens=80, pricing=pricing)
+    for name, prices in (("ungoverned", None), ("governed", StepPrices(lambda k: 1.5 + 0.05 * k, 0.0))):
+        runs[name] = run(model, prompt, drafter=make_drafter(None), draft=16, max_tokens=80, prices=prices)
     assert runs["governed"][0] == runs["ungoverned"][0]
     shape = [s.drafted > 0 for s in runs["governed"][1]]
     assert shape[:2] == [True, True] and not any(shape[5:8])  # stopped after losing drafts...
@@ -197,9 +197,9 @@ def test_the_governor_stops_drafts_that_do_not_pay_and_resumes_when_they_would()
 
 def test_passes_queued_behind_full_drafts_are_kept():
     # Every draft is right: each pass is queued before the one before it is read, and kept.
-    always = Pricing(lambda k: 1.0, 1.0)
+    always = StepPrices(lambda k: 1.0, 1.0)
     tokens, steps, _ = run(ScriptedModel(CYCLE), [1, 2, 3, 4] * 2, drafter=make_drafter(None), max_tokens=40,
-                           draft=8, queue_after=1, pricing=always)
+                           draft=8, queue_after=1, prices=always)
     assert tokens == [1, 2, 3, 4] * 10
     assert sum(s.queued for s in steps) >= len(steps) - 2 and all(s.drafted == s.accepted for s in steps)
 
@@ -211,7 +211,7 @@ def test_pipelined_speculation_is_plain_decoding_on_real_models(model_name, stor
     cache = make_prompt_cache(loaded.model)
     n = 60 if model_name == "stories" else 24  # a 4-bit SmolLM2 position costs ~0.1 s here
     tokens, steps, _ = run(loaded.model, prompt, max_tokens=n, queue_after=1, prompt_cache=cache,
-                           pricing=Pricing(lambda k: 1.0 + 0.1 * k, 0.5), draft=8,
+                           prices=StepPrices(lambda k: 1.0 + 0.1 * k, 0.5), draft=8,
                            drafter=make_drafter(None))
     assert tokens == plain_tokens(loaded.model, prompt, n)
     assert any(s.queued and s.drafted for s in steps)
