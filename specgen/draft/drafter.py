@@ -184,8 +184,8 @@ class AdaptiveDrafter:
         return Ahead(made.tokens[len(drafts):], math.prod(made.chances[: len(drafts)]))
 
     def guess_only(self) -> None:
-        """Its last draft will not be verified: the next token alone judges its first one (the
-        verdict on a shadow draft or a queued pass's guess; the rest are never judged)."""
+        """Its last draft will not be verified: the next token alone judges its first one (a
+        queued pass's guess at the token of the pass before it; the rest are never judged)."""
         if self.last is not None:
             del self.last.tokens[1:], self.last.evidence[1:], self.last.chances[1:]
 

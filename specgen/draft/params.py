@@ -52,11 +52,6 @@ class DrafterParams:
     turn_prior: tuple[float, ...] = (0.2, 0.45, 0.75)  # an earlier turn's start, by turn_share < 0.5, < 0.8, more
     recycled_prior: float = 0.5  # the model's own last prediction after the context's last token
     ngram_prior: tuple = _NGRAM_PRIOR
-    # Whether drafting pays at all (governor.py): a moving average of the plain steps each draft
-    # saved, with this weight for the newest, starting here; drafting resumes above the margin.
-    govern_rate: float = 0.25
-    govern_prior: float = 1.0
-    govern_margin: float = 0.1
     copy_bounds: tuple[int, ...] = field(init=False)  # upper bounds of the copy match buckets
 
     def __post_init__(self):

@@ -209,11 +209,9 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     before_measuring()
     seconds = measure(model, sample, fixed=world is not None)
     if world is None:
-        one = seconds[min(seconds)]
-        curve = Curve(relative(seconds), measure_overlap(model, sample, one), one)
+        curve = Curve(relative(seconds), measure_overlap(model, sample, seconds[min(seconds)]))
     else:
-        curve = unflat(share(world, flat(Curve(relative(seconds), 0.0, seconds[min(seconds)]))
-                             if world.rank == 0 else None))
+        curve = unflat(share(world, flat(Curve(relative(seconds))) if world.rank == 0 else None))
         if world.rank != 0:
             return Calibrated(curve, True, None)  # rank 0 keeps the cache
     entry = {"relative": {str(k): v for k, v in curve.relative.items()}, "overlap": curve.overlap,

@@ -6,7 +6,7 @@
   queuing ahead saves on this machine (the overlap);
 - `drafting_cost`: the cost the drafter weighs drafts with under that policy and rollback;
 - `step_prices`: what a drafting step costs in the plain steps it competes with, and what queuing a
-  pass behind another hides (the decode loop's and governor.py's scale);
+  pass behind another hides (the decode loop's scale);
 - `unprofitable`: whether drafting cannot pay at all on this curve (then speculation is off).
 
 calibrate.py measures the curve and the overlap; this module decides what they mean.
@@ -33,12 +33,10 @@ STEEP = 0.5
 @dataclass(frozen=True)
 class Curve:
     """A model's measured verify cost: `relative[n]` is a forward pass over n positions relative
-    to one position; `overlap` is the share of a plain step that queuing it ahead saves; `one_s`
-    the seconds of a synchronous one-position pass (0: not known)."""
+    to one position; `overlap` is the share of a plain step that queuing it ahead saves."""
 
     relative: dict[int, float]
     overlap: float = 0.0
-    one_s: float = 0.0
 
 
 def relative(seconds: dict[int, float]) -> dict[int, float]:
@@ -107,20 +105,16 @@ class StepPrices:
     """What the decode loop weighs its steps with, in units of the plain step it competes with
     (queued ahead where the loop queues plain steps): `price(k)`, a synchronous step drafting k
     tokens; `gap`, the host's time that queuing a pass behind another hides (its read-back,
-    judging, drafting and building the next graph), as calibration saw it; `plain_s`, a plain
-    step's seconds (0: not known), so that the loop can price the gaps it measures itself."""
+    judging, drafting and building the next graph)."""
 
     price: CostFn
     gap: float
-    plain_s: float = 0.0
 
-    def queue_behind(self, chance: float, drafts: int, gap: float | None = None) -> bool:
+    def queue_behind(self, chance: float, drafts: int) -> bool:
         """Whether to queue a pass of `drafts` drafts behind one whose drafts all hold with
-        `chance` (else the queued pass is dropped, its device time lost): the gap it hides
-        (`gap`, in plain steps, else calibration's), weighed by the chance, beats the pass's own
-        device time, weighed by the rest."""
-        gap = self.gap if gap is None else gap
-        return chance * gap > (1.0 - chance) * (self.price(drafts) - gap)
+        `chance` (else the queued pass is dropped, its device time lost): the gap it hides,
+        weighed by the chance, beats the pass's own device time, weighed by the rest."""
+        return chance * self.gap > (1.0 - chance) * (self.price(drafts) - self.gap)
 
 
 def step_prices(cost: CostFn, curve: Curve, ahead: int | None) -> StepPrices:
@@ -128,7 +122,7 @@ def step_prices(cost: CostFn, curve: Curve, ahead: int | None) -> StepPrices:
     queues passes ahead (`ahead`, its queue_after, not None) and where it does not (then no gap
     is hidden, and plain steps are synchronous)."""
     plain = 1.0 - curve.overlap if ahead is not None else 1.0
-    return StepPrices(lambda k: cost(k) / plain, (1.0 - plain) / plain, curve.one_s * plain)
+    return StepPrices(lambda k: cost(k) / plain, (1.0 - plain) / plain)
 
 
 def unprofitable(curve: Curve) -> str | None:

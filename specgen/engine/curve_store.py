@@ -39,13 +39,12 @@ def valid_curve(entry) -> Curve | None:
     try:
         rel = {int(k): float(v) for k, v in entry["relative"].items()}
         overlap = float(entry["overlap"])
-        one_s = float(entry["seconds"]["1"])
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
     if (len(rel) < 2 or 1 not in rel or not all(k >= 1 and math.isfinite(v) and v >= 1.0 for k, v in rel.items())
-            or not (math.isfinite(overlap) and 0.0 <= overlap < 1.0) or not (math.isfinite(one_s) and one_s > 0)):
+            or not (math.isfinite(overlap) and 0.0 <= overlap < 1.0)):
         return None
-    return Curve(rel, overlap, one_s)
+    return Curve(rel, overlap)
 
 
 def read_store(path: Path) -> dict:
@@ -57,16 +56,13 @@ def read_store(path: Path) -> dict:
 
 
 def flat(curve: Curve | None) -> list[float]:
-    """A curve as floats (shared between ranks): overlap, one_s, then (positions, cost) pairs."""
-    if curve is None:
-        return []
-    return [curve.overlap, curve.one_s, *(x for kv in sorted(curve.relative.items()) for x in kv)]
+    return [] if curve is None else [curve.overlap, *(x for kv in sorted(curve.relative.items()) for x in kv)]
 
 
 def unflat(values: list[float]) -> Curve | None:
     if not values:
         return None
-    return Curve({int(k): v for k, v in zip(values[2::2], values[3::2])}, values[0], values[1])
+    return Curve({int(k): v for k, v in zip(values[1::2], values[2::2])}, values[0])
 
 
 def stored_curves() -> dict[str, dict]:

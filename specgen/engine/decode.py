@@ -6,7 +6,6 @@ never prints and never times anything: stats and display are computed by the cal
 
 from __future__ import annotations
 
-import time
 from typing import Iterator, NamedTuple, Sequence
 
 import mlx.core as mx
@@ -15,7 +14,6 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
 from specgen.draft.events import Drafter, Prefilled, Speculation, Step, Verdict
-from specgen.draft.governor import Governor
 from specgen.draft.predictor import NGramPredictor
 from specgen.draft.schedule import Schedule
 from specgen.engine.rollback import Rollback
@@ -79,8 +77,8 @@ def generate(
     fed the first `drafter_fed` tokens of `prompt` (a server's earlier turn): it gets the rest.
     `queue_after`: None, every pass is read before the next is built; else passes are queued
     behind the one in flight (plain ones always, as mlx-lm; behind drafts as `prices` says).
-    `prices` (cost.StepPrices): what steps cost in plain steps as this loop runs them; given,
-    drafting stops while drafts do not earn it and resumes once they would (governor.py).
+    `prices` (cost.StepPrices): what steps cost in plain steps as this loop runs them, which
+    decides where a pass is queued behind a draft.
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
     yielded step the cache holds every prompt and emitted token except the last emitted one
@@ -101,7 +99,6 @@ def generate(
     else:
         speculation = Speculation(True, rollback=rollback.how)
     drafter = drafter if drafter is not None else NGramPredictor()
-    governor = Governor(prices.price) if prices is not None and speculation.on else None
     history = list(prompt)  # prompt + emitted tokens; its last token is not in the cache yet
 
     def forward(tokens) -> mx.array:
@@ -121,8 +118,6 @@ def generate(
                 emitted, stop, stop_token = emitted[:i], "stop", t
                 break
         history.extend(emitted)
-        if governor is not None:
-            governor.observe(emitted)
         if speculation.on:
             drafter.feed(emitted, Verdict.of(drafted, matched, len(emitted)) if drafted else None)
         generated = len(history) - len(prompt)
@@ -154,17 +149,6 @@ def generate(
         last = selector.pick(forward([seq[pos - 1 + n]])[-1], history, pos + n).item()
         return *settle(drafts, n, last), True
 
-    def propose(room: int) -> list[int]:
-        """The step's draft; none while drafting does not pay (the draft is then a shadow)."""
-        nonlocal guess
-        drafts = drafter.draft(room) if room > 0 else []
-        if drafts and governor is not None and not governor.allowed():
-            governor.imagine(drafts)
-            drafter.guess_only()
-            guess = drafts
-            return []
-        return drafts
-
     def launch(tokens, drafts: list[int], pos: int, queued: bool) -> _Pass:
         """Queue a pass over `tokens` (ids, or a lazy array) whose last len(drafts) are drafts."""
         if drafts or queue_after is not None:
@@ -177,8 +161,8 @@ def generate(
     def behind(cur: _Pass) -> _Pass | None:
         """The pass after `cur`, queued before `cur` is read, as if every draft of `cur` holds: its
         input is `cur`'s own next token (lazy), then what the drafter would draft after that
-        (none while drafting does not pay). None where queuing it does not pay."""
-        nonlocal guess, chance
+        None where queuing it does not pay (`prices`)."""
+        nonlocal guess
         at = cur.pos + len(cur.drafts) + 1
         if queue_after is None or not schedule.fits(at):
             return None
@@ -192,17 +176,10 @@ def generate(
         more = list(ahead.tokens[1:room]) if ahead is not None else []
         if ahead is not None and not cur.drafts:
             guess = ahead.tokens  # the drafter's guess at `cur`'s own token (and on)
-        if governor is not None and not governor.allowed():
-            if ahead is not None and not cur.drafts:
-                governor.imagine(ahead.tokens)  # judged from `cur`'s own token on
-            more = []
         if cur.drafts:  # behind a draft: with its continuation, else alone, else not at all
-            chance = ahead.chance
-            sure = governor.sure(chance) if governor is not None else chance
-            gap = governor.gap(prices) if governor is not None and prices is not None else None
-            if prices is None or not prices.queue_behind(sure, len(more), gap):
+            if prices is None or not prices.queue_behind(ahead.chance, len(more)):
                 more = []
-                if prices is None or not prices.queue_behind(sure, 0, gap):
+                if prices is None or not prices.queue_behind(ahead.chance, 0):
                     return None
         bonus = cur.out[0, -1:] if cur.drafts else cur.out
         return launch(mx.concatenate([bonus, mx.array(more, mx.uint32)]) if more else bonus, more, at, True)
@@ -223,19 +200,16 @@ def generate(
                             context_length=context_length, queue_after=queue_after)
         inflight: _Pass | None = None
         guess: list[int] = []  # the drafter's unverified guess at the next token (and on)
-        chance = None  # the drafter's chance that the draft in flight holds whole, where asked
-        read_at = None  # when the last pass was read, if nothing was queued behind it
         try:
             while True:
                 if inflight is None:
                     pos = len(history)
-                    drafts = propose(schedule.room(pos))
+                    room = schedule.room(pos)
+                    drafts = drafter.draft(room) if room > 0 else []
                     schedule.heard(bool(drafts))
                     # The last token, after any a restore took back out of the cache, then drafts.
                     inflight = launch([*history[rollback.cached:], *drafts], drafts, pos, False)
-                    if governor is not None and read_at is not None:  # the device waited this long
-                        governor.waited(time.perf_counter() - read_at)
-                cur, inflight, chance = inflight, None, None
+                cur, inflight = inflight, None
                 nxt = behind(cur)
                 if cur.drafts:
                     tokens, matched, confirmed = judge(cur)
@@ -245,11 +219,8 @@ def generate(
                     if speculation.on:
                         drafter.recycle(history[-1:], tokens)
                     told = min(len(guess), 1), int(guess[:1] == tokens)  # its guess at this token
-                read_at = time.perf_counter() if nxt is None else None
                 emitted, stop, stop_token = finish(tokens, *told)
                 guess = []
-                if governor is not None and cur.drafts:
-                    governor.judged(len(cur.drafts), min(matched, len(emitted)), chance)
                 if nxt is not None and not stop and not confirmed and matched == len(cur.drafts):
                     inflight = nxt  # every draft held: the pass behind is the right next one
                 else:

@@ -170,31 +170,6 @@ def test_a_drafter_already_fed_part_of_the_prompt_gets_only_the_rest(stories):
     assert drafter.tokens == prompt + tokens  # every token fed once
 
 
-def misleading_cycle():
-    """A model walking a 20-token cycle after a prompt that holds the same tokens twice in another
-    order: copies of the prompt are wrong until the output has gone round once."""
-    rng = random.Random(1)
-    cycle = rng.sample(range(3, 64), 20)
-    rule = {cycle[i]: cycle[(i + 1) % 20] for i in range(20)}
-    shuffled = cycle[:]
-    rng.shuffle(shuffled)
-    return ScriptedModel(rule, vocab=64), shuffled * 2 + [cycle[0]]
-
-
-def test_the_governor_stops_drafts_that_do_not_pay_and_resumes_when_they_would():
-    model, prompt = misleading_cycle()
-    runs = {}
-    for name, prices in (("ungoverned", None), ("governed", StepPrices(lambda k: 1.5 + 0.05 * k, 0.0))):
-        runs[name] = run(model, prompt, drafter=make_drafter(None), draft=16, max_tokens=80, prices=prices)
-    assert runs["governed"][0] == runs["ungoverned"][0]
-    shape = [s.drafted > 0 for s in runs["governed"][1]]
-    assert shape[:2] == [True, True] and not any(shape[5:8])  # stopped after losing drafts...
-    late = runs["governed"][1][-4:]
-    assert all(s.drafted and s.accepted == s.drafted for s in late)  # ...and came back
-    rejected = {k: sum(s.drafted - s.accepted for s in v[1]) for k, v in runs.items()}
-    assert rejected["governed"] < rejected["ungoverned"]
-
-
 def test_passes_queued_behind_full_drafts_are_kept():
     # Every draft is right: each pass is queued before the one before it is read, and kept.
     always = StepPrices(lambda k: 1.0, 1.0)
