@@ -62,6 +62,15 @@ def arrays(cache) -> list[np.ndarray]:
     return out
 
 
+def assert_as_plain_decoding_leaves_it(model, cache, tokens):
+    """The cache holds what plain decoding of PROMPT and then `tokens` leaves (all but the last)."""
+    plain = make_prompt_cache(model)
+    for t in PROMPT + tokens[:-1]:
+        model(mx.array([[t]]), cache=plain)
+    for a, b in zip(arrays(cache), arrays(plain), strict=True):
+        assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
+
+
 @pytest.mark.parametrize("arch", CASES)
 def test_greedy_output_and_final_cache_equal_plain_decoding(arch):
     overrides, boost, how = CASES[arch]
@@ -81,11 +90,7 @@ def test_greedy_output_and_final_cache_equal_plain_decoding(arch):
     passes = len(PROMPT) - 1 + sum(1 + s.drafted + s.confirmed for s in steps)
     rejecting = sum(s.drafted > s.accepted for s in steps)
     assert fed - passes in ((0, 1) if how == "trim" else range(rejecting - 1, 10**6))
-    plain = make_prompt_cache(model)
-    for t in PROMPT + tokens[:-1]:
-        model(mx.array([[t]]), cache=plain)
-    for a, b in zip(arrays(cache), arrays(plain), strict=True):
-        assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
+    assert_as_plain_decoding_leaves_it(model, cache, tokens)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_next", "gemma3_text"])
@@ -141,11 +146,7 @@ def test_passes_queued_behind_drafts_give_plain_output_and_cache(arch):
     assert kept > 5 and dropped > 0, (kept, dropped)
     passes = len(PROMPT) - 1 + sum(1 + s.drafted + s.confirmed for s in steps)
     assert model.fed > passes  # the dropped passes' positions
-    plain = make_prompt_cache(model)
-    for t in PROMPT + tokens[:-1]:
-        model(mx.array([[t]]), cache=plain)
-    for a, b in zip(arrays(cache), arrays(plain), strict=True):
-        assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
+    assert_as_plain_decoding_leaves_it(model, cache, tokens)
 
 
 def held(cache) -> list[np.ndarray]:
