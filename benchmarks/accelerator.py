@@ -230,7 +230,8 @@ def main():
                            "pipelined": costs["pipelined"] * 1e3}}
         print(f"{'set':26} {'mlx-lm':>7} {'specgen':>7} {'speedup':>8} {'min':>5} {'max':>5} "
               f"{'tok/step':>8} {'predicted':>9} {'kept':>5} {'identical':>9}")
-        print(f"{name:26} {row['mlx_lm_tps']:7.1f} {row['specgen_tps']:7.1f} {med:7.2f}x {low:5.2f} {high:5.2f} "
+        print(f"{name:26} {row['mlx_lm_tps']:7.1f} {row['specgen_tps']:7.1f} {med:7.2f}x "
+              f"{low:5.2f} {high:5.2f} "
               f"{tps:8.2f} {pred:8.2f}x {med / pred:5.2f} {str(identical):>9}", flush=True)
         if args.json:
             with open(args.json, "a") as f:

@@ -82,9 +82,10 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
 
     `draft` is the most tokens a step drafts; `max_tokens` (default: the output's length) and
     `context_length` limit drafts as in `run`; tokens past the end of `output` never match, like
-    the tokens after a stop token. `queue_after` as in `decode.generate` (with no pricing): a
+    the tokens after a stop token. `queue_after` as in `decode.generate` (with no prices): a
     pass queued behind a plain step drafts the drafter's continuation, and costs `overlap` less
-    (the share of a plain step that queuing ahead saves). A step that drafts k tokens costs `cost(k)`, by default 1 + `beta` * k. `predicted` (the
+    (the share of a plain step that queuing ahead saves). A step that drafts k tokens costs
+    `cost(k)`, by default 1 + `beta` * k. `predicted` (the
     model's top-1 after each token of prompt + output, from a trace's "topk") is recycled to the
     drafter as the decode loop does, along the output's path only (rejected drafts' rows were not
     recorded) and not for the prompt (whose logits the loop never computes).
@@ -132,7 +133,7 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
 def _behind(drafter: Drafter, schedule: Schedule, pos: int, drafts: list[int], queued: bool
             ) -> list[int] | None:
     """The drafts of the pass decode.generate queues behind a step at `pos` verifying `drafts`
-    (None: none queued), with no pricing: behind plain steps only, carrying the drafter's
+    (None: none queued), with no prices: behind plain steps only, carrying the drafter's
     continuation where it has one, else after `queue_after` silent steps (schedule.py)."""
     at = pos + len(drafts) + 1
     if schedule.queue_after is None or not schedule.fits(at):

@@ -160,7 +160,7 @@ def generate(
 
     def behind(cur: _Pass) -> _Pass | None:
         """The pass after `cur`, queued before `cur` is read, as if every draft of `cur` holds: its
-        input is `cur`'s own next token (lazy), then what the drafter would draft after that
+        input is `cur`'s own next token (lazy), then what the drafter would draft after that.
         None where queuing it does not pay (`prices`)."""
         nonlocal guess
         at = cur.pos + len(cur.drafts) + 1
