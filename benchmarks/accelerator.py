@@ -158,7 +158,7 @@ def pick_traces(rows, enc, count, max_prompt, max_tokens):
 
 
 def timed(responses) -> Timed:
-    """Tokens after the first over the time after the first (as for specgen below)."""
+    """Tokens after the first over the time after the first, the same count for both APIs."""
     tokens, start = [], None
     for r in responses:
         if start is None:
@@ -241,14 +241,16 @@ def main():
 def _time_spec(model, tokenizer, po, end, steps) -> Timed:
     """specgen through its public API, timed as mlx-lm is; its step counts kept."""
     model.target.set(po[0] + po[1], end)
-    tokens, start, last = [], None, None
-    for last in specgen.stream_generate(model, tokenizer, po[0], max_tokens=len(po[1])):
-        if start is None:
-            start = time.perf_counter()
-        tokens.append(last.token)
-    seconds = time.perf_counter() - start
-    steps.append(last.stats.counts)
-    return Timed(tokens, max(len(tokens) - 1, 0), seconds)
+    last = []
+
+    def responses():
+        for r in specgen.stream_generate(model, tokenizer, po[0], max_tokens=len(po[1])):
+            last[:] = [r]
+            yield r
+
+    run = timed(responses())
+    steps.append(last[0].stats.counts)
+    return run
 
 
 if __name__ == "__main__":

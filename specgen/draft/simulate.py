@@ -110,7 +110,8 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
             schedule.heard(bool(drafts))
         else:
             drafts = queued
-        behind = _behind(drafter, schedule, pos, drafts, queued is not None)
+        # As decode.generate with no prices: nothing is queued behind a draft.
+        behind = schedule.behind(drafter, pos, drafts, queued is not None).drafts if not drafts else None
         spent += clock() - t0
         n = 0
         while n < len(drafts) and i + n < len(output) and drafts[n] == output[i + n]:
@@ -128,23 +129,6 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
         i += len(emitted)
     t.drafter_s = spent
     return t
-
-
-def _behind(drafter: Drafter, schedule: Schedule, pos: int, drafts: list[int], queued: bool
-            ) -> list[int] | None:
-    """The drafts of the pass decode.generate queues behind a step at `pos` verifying `drafts`
-    (None: none queued), with no prices: behind plain steps only, carrying the drafter's
-    continuation where it has one, else after `queue_after` silent steps (schedule.py)."""
-    at = pos + len(drafts) + 1
-    if schedule.queue_after is None or not schedule.fits(at):
-        return None
-    room = schedule.room(at) + 1
-    ahead = drafter.continuation(drafts, room) if room > 1 else None
-    if ahead is None:
-        if queued:
-            schedule.heard(drafter.would_draft(schedule.room(pos)))
-        return None if drafts or not schedule.queue_next(pos) else []
-    return None if drafts else list(ahead.tokens[1:room])
 
 
 def simulate_file(path: str, traces: Iterable[Trace], make_drafter: Callable[[], Drafter], *,

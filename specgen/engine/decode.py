@@ -163,17 +163,9 @@ def generate(
         input is `cur`'s own next token (lazy), then what the drafter would draft after that.
         None where queuing it does not pay (`prices`)."""
         nonlocal guess
-        at = cur.pos + len(cur.drafts) + 1
-        if queue_after is None or not schedule.fits(at):
+        ahead, more = schedule.behind(drafter if speculation.on else None, cur.pos, cur.drafts, cur.queued)
+        if more is None:
             return None
-        room = schedule.room(at) + 1  # the drafter's first token guesses `cur`'s own
-        ahead = drafter.continuation(cur.drafts, room) if speculation.on and room > 1 else None
-        if ahead is None:  # no continuation (plain decoding, --draft N): schedule.py's policy
-            if cur.queued and speculation.on:
-                schedule.heard(drafter.would_draft(schedule.room(cur.pos)))
-            if cur.drafts or not schedule.queue_next(cur.pos):
-                return None
-        more = list(ahead.tokens[1:room]) if ahead is not None else []
         if ahead is not None and not cur.drafts:
             guess = ahead.tokens  # the drafter's guess at `cur`'s own token (and on)
         if cur.drafts:  # behind a draft: with its continuation, else alone, else not at all
@@ -182,6 +174,7 @@ def generate(
                 if prices is None or not prices.queue_behind(ahead.chance, 0):
                     return None
         bonus = cur.out[0, -1:] if cur.drafts else cur.out
+        at = cur.pos + len(cur.drafts) + 1
         return launch(mx.concatenate([bonus, mx.array(more, mx.uint32)]) if more else bonus, more, at, True)
 
     with mx.stream(generation_stream):
