@@ -23,12 +23,12 @@ from specgen.draft.length import CostFn
 from specgen.draft.store import CACHE_ENV
 from specgen.engine.cost import (
     Curve,
-    cost_function,
     StepPrices,
+    cost_function,
     drafting_cost,
-    step_prices,
     queue_after,
     relative,
+    step_prices,
     unprofitable,
 )
 from specgen.engine.curve_store import (

@@ -23,6 +23,7 @@ from specgen import defaults
 from specgen.draft.drafter import AdaptiveDrafter, make_drafter
 from specgen.draft.stats import RunStats
 from specgen.engine import decode, registry
+from specgen.engine.cost import StepPrices
 from specgen.engine.mode import DraftMode
 from specgen.engine.options import Options
 from specgen.engine.prompts import encode_prompt
@@ -41,7 +42,7 @@ class Plan(NamedTuple):
     cap: int  # most drafted tokens a step
     off: str | None  # why not to speculate
     queue_after: int | None  # the single-sequence loop's queuing policy (cost.queue_after)
-    prices: object  # cost.StepPrices: how the loop weighs steps and queues passes (None: unmeasured)
+    prices: StepPrices | None  # how the loop weighs steps and queues passes (None: unmeasured)
     stop_ids: frozenset[int]
     drafter_fed: int  # prompt tokens the drafter was already fed
 
