@@ -1,6 +1,6 @@
-"""The package's layout holds: imports run one way (cli, serve -> api -> engine -> draft -> base)
-and in no circle within a layer, the model-free part loads without MLX, and no module outgrows
-one idea."""
+"""The package's layout holds: imports run one way (cli, serve -> api -> engine -> draft and
+structured -> base) and in no circle within a layer, the model-free part loads without MLX, and
+no module outgrows one idea."""
 
 import ast
 import subprocess
@@ -11,7 +11,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specgen"
 # A module may import its own layer or a lower one (a higher rank); base modules import only base.
-RANK = {"cli": 0, "serve": 1, "api": 2, "engine": 3, "draft": 4, "base": 5}
+RANK = {"cli": 0, "serve": 1, "api": 2, "engine": 3, "draft": 4, "structured": 4, "base": 5}
+MODEL_FREE = ("specgen.draft", "specgen.structured")
 MAX_LINES = 300
 # The top package's lazy API and `python -m specgen` are facades of the layer they forward to.
 FACADES = {"specgen": "api", "specgen.__main__": "cli"}
@@ -128,14 +129,14 @@ def test_the_rule_catches_a_circle():
     assert cycles(graph) == [["specgen.draft.a", "specgen.draft.b", "specgen.draft.a"]]
 
 
-@pytest.mark.parametrize("name,path,tree", [m for m in modules() if m[0].startswith("specgen.draft")],
+@pytest.mark.parametrize("name,path,tree", [m for m in modules() if m[0].startswith(MODEL_FREE)],
                          ids=lambda m: m if isinstance(m, str) else "")
 def test_model_free_code_does_not_import_mlx(name, path, tree):
     assert not [t for t in imported(name, path, tree) if t.split(".")[0] in ("mlx", "mlx_lm")]
 
 
 def test_specgen_and_the_drafter_load_without_mlx():
-    draft = [n for n, _, _ in modules() if n.startswith("specgen.draft")]
+    draft = [n for n, _, _ in modules() if n.startswith(MODEL_FREE)]
     code = ("import sys\nsys.modules.update({m: None for m in ('mlx', 'mlx.core', 'mlx_lm')})\n"
             "import importlib, specgen\n"
             f"for m in {draft + ['specgen.engine.options', 'specgen.engine.cost', 'specgen.engine.mode']!r}:\n"

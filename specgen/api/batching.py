@@ -24,6 +24,7 @@ from specgen.engine.engine import Request
 from specgen.engine.options import Options
 from specgen.engine.sampling import CUSTOM_OFF
 from specgen.errors import SettingError
+from specgen.structured.formats import parse as parse_format
 from specgen.settings import check
 
 _log = logging.getLogger("specgen")
@@ -42,7 +43,8 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     `return_token_ids`). `max_tokens` and `seed` may be one value or one per prompt; a single
     seed gives every prompt the text that seed gives it alone. `verbose` is mlx-lm's: progress
     and speeds on stdout, as specgen.generate prints its own. Other keywords as in
-    specgen.generate (temp, top_p, top_k, min_p, draft, memory, ngram_order, window)."""
+    specgen.generate (temp, top_p, top_k, min_p, draft, memory, ngram_order, window); `response_format`
+    may be one for every prompt or a list of one per prompt (None where a prompt has none)."""
     for name in _NOT_OFFERED:
         if options.pop(name, None) not in (None, False):
             raise SettingError(name, "is not offered by specgen.batch_generate")
@@ -61,9 +63,15 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     n = len(prompts)
     limits = _per_prompt("max_tokens", max_tokens, n)
     seeds = _per_prompt("seed", seed, n)
+    formats = options.pop("response_format", None)
+    formats = list(formats) if isinstance(formats, (list, tuple)) else [formats] * n
+    if len(formats) != n:
+        raise SettingError("response_format", f"must be one value or one per prompt ({n})", len(formats))
+    formats = [parse_format(f) for f in formats]
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     engine = engine_for(model, tokenizer)
-    opts = [Options(max_tokens=m, seed=s, stop=stops, **options) for m, s in zip(limits, seeds)]
+    opts = [Options(max_tokens=m, seed=s, stop=stops, response_format=f, **options)
+            for m, s, f in zip(limits, seeds, formats)]
     for name, message in opts[0].check() if opts else ():
         _notice(f"{name} {message}")
     for o in opts[1:]:

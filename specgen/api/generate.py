@@ -5,8 +5,9 @@ types, speculating underneath, so that a script written for mlx-lm runs on specg
 tokens, measured verify cost and memory); a pair loaded by mlx_lm.load gets an engine on first
 use. mlx-lm's keywords (`max_tokens`, `sampler`, `logits_processors`, `prompt_cache`) mean what
 they mean there; specgen's own are `temp`/`top_p`/`top_k`/`min_p`/`seed` (sampling that keeps
-speculating), `draft`, `memory`, `prediction`, `stop`, `ngram_order`, `window`. Anything else is
-an error naming it: nothing is ignored silently.
+speculating), `draft`, `memory`, `prediction`, `stop`, `ngram_order`, `window`, and
+`response_format` (a JSON schema, JSON object, Lark grammar or regex the output obeys: see
+specgen.structured.formats). Anything else is an error naming it: nothing is ignored silently.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from specgen.engine.engine import Engine, Request, Response
 from specgen.engine.options import Options
 from specgen.engine.sampling import CUSTOM_OFF, MlxLmSampling
 from specgen.errors import SettingError, SpecgenError
+from specgen.structured.formats import parse as parse_format
 
 _ENGINES: dict[int, Engine] = {}  # id(model) -> its engine, while the model lives
 # cache[0] -> (the conversation so far, how much of it the cache holds): as in mlx-lm, a
@@ -111,6 +113,8 @@ def stream_generate(model, tokenizer, prompt: str | Sequence[int], max_tokens: i
         raise SettingError(sorted(unknown)[0], "is not a parameter of specgen.stream_generate")
     if max_tokens == -1:
         max_tokens = 2**62
+    if "response_format" in options:
+        options["response_format"] = parse_format(options["response_format"])
     opts = Options(max_tokens=max_tokens, stop=(stop,) if isinstance(stop, str) else tuple(stop), **options)
     for name, message in opts.check():
         _notice(f"{name} {message}")

@@ -31,8 +31,11 @@ from specgen.draft.length import CostFn
 from specgen.draft.predictor import NGramPredictor
 from specgen.engine.batch_cache import RaggedBatch, unbatchable
 from specgen.engine.batch_cost import Pricing
+from specgen.engine.batch_probe import padding_unsupported
 from specgen.engine.batch_row import Row
+from specgen.engine.constrain import Constraint
 from specgen.engine.decode import PREFILL_CHUNK, check_prompt
+from specgen.engine.rollback import Rollback
 from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector, settle
 from specgen.errors import InputError
 from specgen.settings import check
@@ -46,7 +49,7 @@ class Batch:
 
     def __init__(self, model, *, max_rows: int = defaults.MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
                  pricing: Pricing | None = None):
-        why = unbatchable(make_prompt_cache(model))
+        why = unbatchable(make_prompt_cache(model)) or padding_unsupported(model)
         if why:
             raise InputError(f"this model cannot run in a batch: {why}")
         check(batch=max_rows, prefill_chunk=prefill_chunk)
@@ -56,6 +59,7 @@ class Batch:
         self.kept: dict[Hashable, list] = {}  # finished rows' own caches (add's keep_cache)
         self.waiting: list[Row] = []
         self.cache = RaggedBatch(len(make_prompt_cache(model)))
+        self.rollback = Rollback(make_prompt_cache(model)).how  # as a row alone says it rolls back
         self.counters = BatchCounters()  # mlx-lm's: prompt and decode tokens, steps and seconds
 
     @property
@@ -66,12 +70,13 @@ class Batch:
             draft: int = defaults.DRAFT_LEN, max_tokens: int = defaults.MAX_TOKENS,
             stop_tokens: frozenset[int] | set[int] = frozenset(), context_length: int | None = None,
             selector: Selector = GREEDY, off: str | None = None, prompt_cache: list | None = None,
-            cached: int = 0, drafter_fed: int = 0, keep_cache: bool = False) -> None:
+            cached: int = 0, drafter_fed: int = 0, keep_cache: bool = False,
+            constraint: Constraint | None = None) -> None:
         """Queue a sequence; it joins once prefilled. Arguments as decode.generate's (a
         `prompt_cache` must be of plain KV layers, holding the first `cached` prompt tokens).
         With `keep_cache`, once it finishes (or is cancelled after joining) `kept[key]` is a cache
         of its own holding its prompt and output but the last token (as decode.generate leaves
-        its cache, closed early or not)."""
+        its cache, closed early or not). `constraint`: the row's own grammar (constrain.py)."""
         check_prompt(prompt, max_tokens=max_tokens, draft=draft, context_length=context_length, cached=cached)
         if prompt_cache is None and cached:
             raise ValueError("cached must be 0 without a prompt_cache")
@@ -80,12 +85,12 @@ class Batch:
         if isinstance(selector, MlxLmSampling):
             off = off or CUSTOM_OFF
         on = not off and draft > 0
-        speculation = Speculation(True, rollback="trim") if on else Speculation(
+        speculation = Speculation(True, rollback=self.rollback) if on else Speculation(
             False, off or "draft length is 0")
         row = Row(key, list(prompt), drafter if drafter is not None else NGramPredictor(), selector,
                   draft if on else 0, max_tokens, frozenset(stop_tokens), context_length, speculation,
                   cache=prompt_cache if prompt_cache is not None else make_prompt_cache(self.model),
-                  prefilled=cached, fed=drafter_fed, keep_cache=keep_cache)
+                  prefilled=cached, fed=drafter_fed, keep_cache=keep_cache, constraint=constraint)
         self.waiting.append(row)
 
     def cancel(self, key: Hashable) -> bool:
@@ -147,7 +152,8 @@ class Batch:
                 row.drafter.feed(row.prompt[row.fed:])
             events.append((row.key, Prefilled(len(row.prompt), row.speculation)))
         if joined:  # all at once: rows appended to the cache cost one copy
-            for row, place in zip(joined, self.cache.add([r.cache for r in joined])):
+            places = self.cache.add([r.cache for r in joined], [r.prefilled for r in joined])
+            for row, place in zip(joined, places):
                 row.cache, row.place = None, place
         return events
 
@@ -156,21 +162,23 @@ class Batch:
         drafts = self._drafts()
         fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
         for r, d in zip(self.rows, drafts):
-            fed[r.place] = [r.history[-1], *d]
+            # The last token, after any accepted ones a restored state took back, then drafts.
+            fed[r.place] = [*r.history[self.cache.slots.lengths[r.place]:], *d]
         width = max(map(len, fed))
         x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
-        self.cache.slots.begin([len(f) for f in fed])
+        self.cache.begin([len(f) for f in fed])
         logits = self.model(x, cache=self.cache.layers)
-        judged = [r.judge(logits[r.place, : len(d) + 1], d) for r, d in zip(self.rows, drafts)]
+        again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
+        judged = [r.judge(logits[r.place, a : a + len(d) + 1], d) for r, d, a in zip(self.rows, drafts, again)]
         # A near-tied row keeps the entries up to the tied position's input, fed again alone below.
         kept = [0] * self.cache.rows
-        for r, (tokens, _, tied) in zip(self.rows, judged):
-            kept[r.place] = len(tokens) + (tied is not None)
-        self.cache.slots.commit(width, kept)
+        for r, (tokens, _, tied), a in zip(self.rows, judged, again):
+            kept[r.place] = a + len(tokens) + (tied is not None)
+        self.cache.commit(width, kept)
         events, done = [], set()
         for i, (r, d, (tokens, matched, tied)) in enumerate(zip(self.rows, drafts, judged)):
             if tied is not None:
-                tokens, matched = self._confirm(r, fed[r.place][tied], d, tied)
+                tokens, matched = self._confirm(r, fed[r.place][tied - len(d) - 1], d, tied)
             step = r.finish(tokens, len(d), matched, tied is not None)
             events.append((r.key, step))
             if step.stop_reason:
@@ -214,9 +222,22 @@ class Batch:
     def _confirm(self, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:
         """Choose the near-tied position `n` of `row` as plain decoding does: a one-position pass
         of its input `token` over the row's own entries before it, alone."""
-        alone = self.cache.row_cache(row.place, self.cache.slots.lengths[row.place] - 1)
+        alone = self._alone(row, row.pos - 1 + n, [*row.history, *drafts])
         logits = self.model(mx.array([[token]], mx.uint32), cache=alone)[0, -1]
+        if row.constraint is not None:
+            return settle(drafts, n, row.constraint.pick(logits, row.history, row.pos + n, after=drafts[:n]))
         return settle(drafts, n, row.selector.pick(logits, row.history, row.pos + n).item())
+
+    def _alone(self, row: Row, upto: int, tokens: list[int]) -> list:
+        """A cache of `row`'s own holding `tokens[:upto]`: its entries copied out of the batch,
+        and where its states were restored to fewer, the rest fed again alone."""
+        held = self.cache.slots.lengths[row.place]
+        count = held if self.cache.states else min(upto, held)
+        alone = self.cache.row_cache(row.place, count)
+        if count < upto:
+            self.model(mx.array([tokens[count:upto]], mx.uint32), cache=alone)
+            mx.eval([c.state for c in alone])
+        return alone
 
     def _leave(self, rows: set[int]) -> None:
         """Drop these rows (indices into `rows`), a keep_cache row's entries (all it holds: its
@@ -224,7 +245,8 @@ class Batch:
         `kept`. Their cache rows are freed, not copied away (see batch_cache.RaggedBatch)."""
         for i in rows:
             if self.rows[i].keep_cache:
-                self.kept[self.rows[i].key] = self.cache.row_cache(self.rows[i].place, self.rows[i].pos - 1)
+                r = self.rows[i]
+                self.kept[r.key] = self._alone(r, r.pos - 1, r.history)
         self.cache.drop([self.rows[i].place for i in rows])
         self.rows = [r for i, r in enumerate(self.rows) if i not in rows]
 

@@ -11,6 +11,7 @@ import mlx.core as mx
 
 from specgen.draft.events import Drafter, Speculation, Step, Verdict
 from specgen.draft.schedule import draft_room
+from specgen.engine.constrain import Constraint
 from specgen.engine.sampling import Judged, MlxLmSampling, Selector, accept
 
 
@@ -32,10 +33,12 @@ class Row:
     prefilled: int = 0  # prompt tokens in `cache`
     fed: int = 0  # prompt tokens the drafter was given before it came here
     keep_cache: bool = False  # copy its cache out when it leaves the batch (Batch.kept)
+    constraint: Constraint | None = None  # the grammar its output obeys
     waited: int = 0  # steps it has waited to be prefilled
     history: list[int] = field(default_factory=list)  # prompt + emitted; the last is not cached
     drafted: int = 0  # drafted tokens verified so far, and how many were accepted
     accepted: int = 0
+    own: bool = True  # this step's draft includes its drafter's (else only forced tokens)
 
     def __post_init__(self):
         self.history = list(self.prompt)
@@ -54,7 +57,11 @@ class Row:
         """This step's draft, of at most `most` tokens (none unless `on`)."""
         room = draft_room(self.cap if most is None else min(self.cap, most), self.pos,
                           len(self.prompt) + self.max_tokens, self.context_length)
-        return self.drafter.draft(room) if on and self.speculation.on and room > 0 else []
+        drafts = self.drafter.draft(room) if on and self.speculation.on and room > 0 else []
+        self.own = True
+        if self.constraint is not None and self.speculation.on and room > 0:
+            drafts, self.own = self.constraint.drafts(drafts, room)
+        return drafts
 
     def judge(self, logits: mx.array, drafts: list[int]) -> Judged:
         """(tokens the row emits, drafts equal to the selector's choices, tied) for a pass whose
@@ -65,6 +72,8 @@ class Row:
         chosen = self.selector.verify(logits, self.history, self.pos, drafts)
         if self.speculation.on:
             self.drafter.recycle([self.history[-1], *drafts], chosen.tokens)
+        if self.constraint is not None:
+            chosen = self.constraint.verified(chosen, logits, drafts, self.pos)
         return accept(drafts, chosen)
 
     def finish(self, emitted: list[int], drafted: int, matched: int, confirmed: bool) -> Step:
@@ -75,6 +84,10 @@ class Row:
                 emitted, stop, stop_token = emitted[:i], "stop", t
                 break
         self.history.extend(emitted)
+        if self.constraint is not None:
+            self.constraint.advance(emitted)
+        if not self.own:  # only a grammar's forced tokens: the drafter's draft was not judged
+            drafted = matched = 0
         self.drafted += drafted
         self.accepted += min(matched, len(emitted))
         if self.speculation.on:

@@ -20,6 +20,7 @@ from specgen.draft.stats import RunStats
 from specgen.engine import batch_cost
 from specgen.engine.batch import Batch
 from specgen.engine.batch_cache import RaggedBatch, unbatchable
+from specgen.engine.batch_probe import padding_unsupported
 from specgen.engine.curve_store import batch_calibration_file
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Engine, Request
@@ -36,7 +37,7 @@ def batch_unsupported(engine: Engine) -> str | None:
     cache layers, or its forward pass failing on per-row positions (a model that reads the cache
     offset as one number) or choosing otherwise than alone, on a probe of a few tokens."""
     model = engine.loaded.model
-    why = unbatchable(make_prompt_cache(model))
+    why = unbatchable(make_prompt_cache(model)) or padding_unsupported(model)
     if why:
         return why
     try:
@@ -93,7 +94,7 @@ class Streams:
                        max_tokens=request.options.max_tokens, stop_tokens=plan.stop_ids,
                        context_length=self.engine.loaded.context_length, selector=plan.selector,
                        off=plan.off, prompt_cache=request.prompt_cache, cached=request.cached,
-                       drafter_fed=plan.drafter_fed, keep_cache=keep_cache)
+                       drafter_fed=plan.drafter_fed, keep_cache=keep_cache, constraint=plan.constraint)
         self._open[key] = _Open(request, stats, Responder(self.engine.loaded.tokenizer, request.options.stop,
                                                           stats, plan.drafter))
         return stats

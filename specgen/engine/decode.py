@@ -16,8 +16,9 @@ from specgen import defaults
 from specgen.draft.events import Drafter, Prefilled, Speculation, Step, Verdict
 from specgen.draft.predictor import NGramPredictor
 from specgen.draft.schedule import Schedule
-from specgen.engine.rollback import Rollback
+from specgen.engine.constrain import Constraint
 from specgen.engine.cost import StepPrices
+from specgen.engine.rollback import Rollback
 from specgen.engine.sampling import GREEDY, Selector, accept, read, settle
 from specgen.errors import InputError
 from specgen.settings import check
@@ -34,6 +35,8 @@ class _Pass(NamedTuple):
     drafts: list[int]
     out: mx.array
     queued: bool  # queued behind another pass (else built once the one before was read)
+    rows: mx.array  # its logits after the last token and each draft (a grammar may mask them)
+    own: bool = True  # its drafts include the drafter's (else a grammar's forced tokens alone)
 
 
 def check_prompt(prompt: Sequence[int], *, max_tokens: int, draft: int, context_length: int | None,
@@ -68,6 +71,7 @@ def generate(
     queue_after: int | None = None,
     off: str | None = None,
     prices: StepPrices | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[Prefilled | Step]:
     """Generate from `prompt` (token ids), speculating with `drafter` (up to `draft` tokens a
     step; 0: plain decoding); `off` says why not to speculate at all (e.g. cost.unprofitable).
@@ -78,7 +82,9 @@ def generate(
     `queue_after`: None, every pass is read before the next is built; else passes are queued
     behind the one in flight (plain ones always, as mlx-lm; behind drafts as `prices` says).
     `prices` (cost.StepPrices): what steps cost in plain steps as this loop runs them, which
-    decides where a pass is queued behind a draft.
+    decides where a pass is queued behind a draft. `constraint` (constrain.py): a grammar every
+    emitted token obeys, as plain decoding with its mask would choose; its forced tokens are
+    drafted. Its mask needs the last token on the host, so passes are then not queued ahead.
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
     yielded step the cache holds every prompt and emitted token except the last emitted one
@@ -118,6 +124,8 @@ def generate(
                 emitted, stop, stop_token = emitted[:i], "stop", t
                 break
         history.extend(emitted)
+        if constraint is not None:
+            constraint.advance(emitted)
         if speculation.on:
             drafter.feed(emitted, Verdict.of(drafted, matched, len(emitted)) if drafted else None)
         generated = len(history) - len(prompt)
@@ -137,6 +145,8 @@ def generate(
         pos, drafts = cur.pos, cur.drafts
         chosen = read(cur.out)  # the one read-back of the step
         drafter.recycle([history[-1], *drafts], chosen.tokens)
+        if constraint is not None:
+            chosen = constraint.verified(chosen, cur.rows, drafts, pos)
         tokens, matched, n = accept(drafts, chosen)
         if n is None:
             return tokens, matched, False
@@ -146,17 +156,19 @@ def generate(
         seq = [*history, *drafts]
         if rollback.cached < pos - 1 + n:  # a restore went back further
             forward(seq[rollback.cached : pos - 1 + n])
-        last = selector.pick(forward([seq[pos - 1 + n]])[-1], history, pos + n).item()
+        logits = forward([seq[pos - 1 + n]])[-1]
+        last = (selector.pick(logits, history, pos + n).item() if constraint is None
+                else constraint.pick(logits, history, pos + n, after=drafts[:n]))
         return *settle(drafts, n, last), True
 
-    def launch(tokens, drafts: list[int], pos: int, queued: bool) -> _Pass:
+    def launch(tokens, drafts: list[int], pos: int, queued: bool, own: bool = True) -> _Pass:
         """Queue a pass over `tokens` (ids, or a lazy array) whose last len(drafts) are drafts."""
         if drafts or queue_after is not None:
             rollback.mark()  # a pass that may be undone: a draft, or one queued behind it
         rows = forward(tokens)[-1 - len(drafts):]
         out = selector.verdict(rows, pos) if drafts else selector.pick(rows[-1], history, pos).reshape(1)
         mx.async_eval(out)
-        return _Pass(pos, drafts, out, queued)
+        return _Pass(pos, drafts, out, queued, rows, own)
 
     def behind(cur: _Pass) -> _Pass | None:
         """The pass after `cur`, queued before `cur` is read, as if every draft of `cur` holds: its
@@ -188,7 +200,7 @@ def generate(
         # A pass is queued behind the one in flight before that one is read (as mlx_lm's
         # generate_step queues plain steps), assuming every draft in flight holds; where one does
         # not, the pass behind is dropped and its cache entries taken back (see `behind`).
-        queue_after = queue_after if speculation.on else 0
+        queue_after = None if constraint is not None else queue_after if speculation.on else 0
         schedule = Schedule(cap=draft if speculation.on else 0, end=len(prompt) + max_tokens,
                             context_length=context_length, queue_after=queue_after)
         inflight: _Pass | None = None
@@ -198,19 +210,23 @@ def generate(
                 if inflight is None:
                     pos = len(history)
                     room = schedule.room(pos)
-                    drafts = drafter.draft(room) if room > 0 else []
+                    drafts, own = drafter.draft(room) if room > 0 else [], True
+                    if constraint is not None and room > 0:
+                        drafts, own = constraint.drafts(drafts, room)
                     schedule.heard(bool(drafts))
                     # The last token, after any a restore took back out of the cache, then drafts.
-                    inflight = launch([*history[rollback.cached:], *drafts], drafts, pos, False)
+                    inflight = launch([*history[rollback.cached:], *drafts], drafts, pos, False, own)
                 cur, inflight = inflight, None
                 nxt = behind(cur)
                 if cur.drafts:
                     tokens, matched, confirmed = judge(cur)
-                    told = len(cur.drafts), matched
+                    told = (len(cur.drafts), matched) if cur.own else (0, 0)
                 else:
                     tokens, matched, confirmed = [cur.out.item()], 0, False
                     if speculation.on:
                         drafter.recycle(history[-1:], tokens)
+                    if constraint is not None:
+                        tokens = [constraint.pick(cur.rows[-1], history, cur.pos, chosen=tokens[0])]
                     told = min(len(guess), 1), int(guess[:1] == tokens)  # its guess at this token
                 emitted, stop, stop_token = finish(tokens, *told)
                 guess = []

@@ -23,12 +23,15 @@ from specgen import defaults
 from specgen.draft.drafter import AdaptiveDrafter, make_drafter
 from specgen.draft.stats import RunStats
 from specgen.engine import decode, registry
+from specgen.engine.constrain import Constraint
 from specgen.engine.cost import StepPrices
 from specgen.engine.mode import DraftMode
 from specgen.engine.options import Options
 from specgen.engine.prompts import encode_prompt
 from specgen.engine.responder import Responder, Response
-from specgen.engine.sampling import Selector, make_selector
+from specgen.engine.sampling import MlxLmSampling, Selector, make_selector
+from specgen.errors import SettingError
+from specgen.structured.grammar import Grammars
 
 _log = logging.getLogger("specgen")
 MEMORY_SAVE_S = 30.0  # a memory that learns is saved at most this often (and by save_memory)
@@ -45,6 +48,7 @@ class Plan(NamedTuple):
     prices: StepPrices | None  # how the loop weighs steps and queues passes (None: unmeasured)
     stop_ids: frozenset[int]
     drafter_fed: int  # prompt tokens the drafter was already fed
+    constraint: Constraint | None  # the grammar the output obeys (options.response_format)
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Engine:
         self.loaded, self.world = loaded, world
         self.notice, self.progress = notice, progress
         self._costs = None
+        self._grammars: Grammars | None = None
         self._memories: dict[int, tuple] = {}  # ngram order -> (memory, its file)
         self._saved_at = time.monotonic()
         for w in loaded.warnings:
@@ -98,6 +103,22 @@ class Engine:
         model's alias turns it off."""
         return encode_prompt(self.loaded.tokenizer, prompt, chat=self.loaded.spec.chat_template and not raw,
                              system=system)
+
+    @property
+    def grammars(self) -> Grammars:
+        """The response formats compiled for this model's tokenizer (each once)."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.loaded.tokenizer, self.loaded.stop_ids)
+        return self._grammars
+
+    def constraint(self, opts: Options, selector: Selector) -> Constraint | None:
+        """The grammar `opts.response_format` asks for, fresh for one generation (None: none)."""
+        if opts.response_format is None:
+            return None
+        if isinstance(selector, MlxLmSampling):
+            raise SettingError("response_format", "cannot be combined with an mlx-lm sampler or "
+                                                  "logits_processors: pass temp/top_p/top_k/min_p/seed")
+        return Constraint(self.grammars.matcher(opts.response_format), selector)
 
     def costs(self, recalibrate: bool = False):
         """The model's verify cost on this machine (calibrate.model_costs), measured at most once."""
@@ -160,6 +181,7 @@ class Engine:
         opts.check()  # the caller reported the warnings
         selector = request.selector or make_selector(opts.temp, top_p=opts.top_p, top_k=opts.top_k,
                                                      min_p=opts.min_p, seed=opts.seed)
+        constraint = self.constraint(opts, selector)
         found = self.costs() if opts.draft is None and not request.off and request.selector is None else None
         prediction = request.prediction
         if isinstance(prediction, str):
@@ -178,7 +200,7 @@ class Engine:
         return Plan(drafter, selector, mode.cap, request.off or (found.off if found else None),
                     found.queue_after if found else None, found.prices if found else None,
                     self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
-                    request.drafter_fed if drafter is request.drafter else 0)
+                    request.drafter_fed if drafter is request.drafter else 0, constraint)
 
     def stream(self, request: Request, stats: RunStats | None = None) -> Iterator[Response]:
         """Generate: one Response per emitted token, the last with a finish_reason. Closing the
@@ -191,7 +213,8 @@ class Engine:
                                  max_tokens=request.options.max_tokens, stop_tokens=plan.stop_ids,
                                  context_length=self.loaded.context_length, prompt_cache=request.prompt_cache,
                                  cached=request.cached, selector=plan.selector, drafter_fed=plan.drafter_fed,
-                                 queue_after=plan.queue_after, off=plan.off, prices=plan.prices)
+                                 queue_after=plan.queue_after, off=plan.off, prices=plan.prices,
+                                 constraint=plan.constraint)
         responder = Responder(self.loaded.tokenizer, request.options.stop, stats, plan.drafter)
         try:
             for event in events:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from specgen import defaults
 from specgen.errors import SettingError
 from specgen.settings import check
+from specgen.structured.formats import Format
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Options:
     window: int = defaults.WINDOW
     memory: bool = False  # draft from, and add to, the model's memory of earlier outputs
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one that appears
+    response_format: Format | None = None  # the output's schema or grammar (formats.parse)
 
     def check(self) -> list[tuple[str, str]]:
         """Raise SettingError naming the first setting out of range; return (setting, warning)
@@ -38,6 +40,8 @@ class Options:
                          ngram_order=self.ngram_order, window=self.window)
         if not all(isinstance(s, str) and s for s in self.stop):
             raise SettingError("stop", "must be non-empty strings")
+        if self.response_format is not None and not isinstance(self.response_format, Format):
+            raise SettingError("response_format", "must be read by specgen.structured.formats.parse")
         if self.memory and self.draft is not None:
             warnings.append(("memory", "drafts only with the adaptive drafter (draft unset); "
                                        "the output is still added to it"))

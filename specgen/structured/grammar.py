@@ -1,0 +1,108 @@
+"""Formats compiled for one tokenizer with llguidance, and the matcher one sequence walks.
+
+`Grammars` belongs to a model: it reads the tokenizer once (a fast Hugging Face tokenizer), and
+compiles each Format once (checked, then kept: agents resend the same schema every turn); each
+generation gets a fresh `Matcher` copied from the compiled one. A Format that does not compile is
+a SettingError carrying llguidance's reason (an unsupported keyword is named there, never
+dropped). Thread-safe: a server compiles while its worker generates.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Sequence
+
+import llguidance
+import numpy as np
+
+from specgen.errors import ModelError, SettingError
+from specgen.structured.formats import Format, grammar_text
+
+KEPT = 64  # compiled formats kept per model (least recently used dropped first)
+
+
+class Matcher:
+    """Where one sequence stands in its grammar: which tokens may come next, moved only by
+    tokens that were emitted (or, for a moment, by drafts being judged: see `after`)."""
+
+    def __init__(self, ll: llguidance.LLMatcher, words: int):
+        self._ll, self._words = ll, words
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next (its canonical tokenization of the forced bytes)."""
+        return self._ll.compute_ff_tokens()
+
+    def valid(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, in order, the grammar allows from here (nothing moves)."""
+        return self._ll.validate_tokens(list(tokens)) if tokens else 0
+
+    def allows(self, token: int) -> bool:
+        return self._ll.validate_tokens([token]) == 1
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Move past emitted tokens (each one allowed: checked by whoever chose it)."""
+        if tokens and not self._ll.consume_tokens(list(tokens)):
+            raise RuntimeError(f"the grammar refused emitted tokens: {self._ll.get_error()}")
+
+    def back(self, n: int) -> None:
+        """Take back the last `n` tokens advanced past."""
+        if n:
+            self._ll.rollback(n)
+
+    def bitmask(self) -> np.ndarray:
+        """The tokens allowed next, one bit each (int32 words, token i at bit i % 32 of word i // 32)."""
+        mask = np.empty(self._words, dtype=np.int32)
+        self._ll.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        return mask
+
+
+class Grammars:
+    """Every format compiled for one tokenizer (an mlx-lm TokenizerWrapper or a Hugging Face one)."""
+
+    def __init__(self, tokenizer, stop_ids: Sequence[int] = ()):
+        self._tokenizer, self._stop_ids = tokenizer, sorted(stop_ids)
+        self._ll_tokenizer = None
+        self._compiled: OrderedDict[Format, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.RLock()
+
+    def _vocabulary(self) -> llguidance.LLTokenizer:
+        if self._ll_tokenizer is None:
+            import llguidance.hf
+
+            hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
+            try:
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(hf, eos_token=self._stop_ids or None)
+            except Exception as e:  # not a fast tokenizer, or one llguidance cannot read
+                raise ModelError(f"structured output needs a tokenizer llguidance can read "
+                                 f"(a fast Hugging Face tokenizer): {type(hf).__name__}: {e}") from None
+        return self._ll_tokenizer
+
+    def compile(self, fmt: Format) -> llguidance.LLMatcher:
+        """The compiled matcher of `fmt` at its start (checked once; SettingError if it fails)."""
+        with self._lock:
+            found = self._compiled.get(fmt)
+            if found is not None:
+                self._compiled.move_to_end(fmt)
+                return found
+            vocab = self._vocabulary()
+            try:
+                text = grammar_text(fmt)
+            except ValueError as e:
+                raise SettingError("response_format", f"is not a usable {fmt.kind}: {e}") from None
+            failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, vocab)
+            if failed:
+                raise SettingError("response_format", f"does not compile: {' '.join(messages)}".strip())
+            matcher = llguidance.LLMatcher(vocab, text, log_level=0)
+            if matcher.is_error():
+                raise SettingError("response_format", f"does not compile: {matcher.get_error()}")
+            self._compiled[fmt] = matcher
+            if len(self._compiled) > KEPT:
+                self._compiled.popitem(last=False)
+            return matcher
+
+    def matcher(self, fmt: Format) -> Matcher:
+        """A fresh matcher at the start of `fmt`, for one generation."""
+        with self._lock:
+            fresh = self.compile(fmt).deep_copy()
+        return Matcher(fresh, (self._ll_tokenizer.vocab_size + 31) // 32)
