@@ -169,7 +169,8 @@ class Batch:
         self.cache.begin([len(f) for f in fed])
         logits = self.model(x, cache=self.cache.layers)
         again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
-        judged = [r.judge(logits[r.place, a : a + len(d) + 1], d) for r, d, a in zip(self.rows, drafts, again)]
+        judged = [r.judge(logits[r.place, a : a + len(d) + 1], d)
+                  for r, d, a in zip(self.rows, drafts, again)]
         # A near-tied row keeps the entries up to the tied position's input, fed again alone below.
         kept = [0] * self.cache.rows
         for r, (tokens, _, tied), a in zip(self.rows, judged, again):

@@ -1,17 +1,21 @@
-"""A ragged batch KV cache: many sequences in one buffer, each with its own end, nothing moved
-per step.
+"""A ragged batch cache: many sequences in one buffer, each with its own end, nothing moved per
+step.
 
 Every row writes a step's T positions at the same buffer slots (one slice write per layer, as
-mlx-lm's caches do); `Slots`, shared by all layers, says which slots each row holds. A row's
-rejected drafts and its padding (rows feed fewer positions than the step's widest) stay in the
-buffer but are masked out forever, and each row's RoPE offset is its own logical length, so a
-rejected slot leaves no gap in positions: the next token sits right after the last kept one.
-The attention mask of a step is (rows, 1, T, slots): slot held by that row AND causal by buffer
-index. Sequences join with a prefilled single-sequence cache (right-aligned, left slots invalid),
-into a row another one freed by leaving (`drop`) or a new one. Holes and free rows are squeezed
-out (`compact`) once they make the buffer much larger than what its rows hold.
+mlx-lm's caches do); `Slots` (batch_slots.py), shared by all layers, says which slots each row
+holds. A row's rejected drafts and its padding (rows feed fewer positions than the step's widest)
+stay in the buffer but are masked out forever, and each row's RoPE offset is its own logical
+length, so a rejected slot leaves no gap in positions: the next token sits right after the last
+kept one. The attention mask of a step is (rows, 1, T, slots): slot held by that row AND causal
+by buffer index. Sequences join with a prefilled single-sequence cache (right-aligned, left slots
+invalid), into a row another one freed by leaving (`drop`) or a new one. Holes and free rows are
+squeezed out (`compact`) once they make the buffer much larger than what its rows hold.
 
-Only plain KVCache layers batch this way (`unbatchable` says why a model's cache does not).
+Layers of three kinds batch: KV caches; sliding windows (RotatingKVCache), held like KV layers
+and masked to each row's window, so a rejected draft is a hole there too, wrap or not; and state
+layers (ArraysCache, batch_state.py), which cannot drop tokens: a row whose draft was partly
+rejected is restored to its state before the pass and keeps none of the pass's entries in any
+layer, so all layers hold the same tokens (`commit`). `unbatchable` names any other kind.
 """
 
 from __future__ import annotations
@@ -20,54 +24,32 @@ from typing import Sequence
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+from specgen.engine.batch_slots import Slots
+from specgen.engine.batch_state import RowStates
 
 GROW = 256  # slots added at a time, as mlx-lm's KVCache grows
 HOLES = 0.5  # compact when the buffer is this much longer than the longest row (and GROW more)
 
 
+def _batches(c) -> bool:
+    # A window that keeps its first tokens (mlx-lm's max_kv_size) is not a sliding window.
+    return type(c) in (KVCache, ArraysCache) or (type(c) is RotatingKVCache and not c.keep)
+
+
 def unbatchable(cache: Sequence) -> str | None:
     """Why a model's fresh cache (make_prompt_cache) cannot join a ragged batch, or None."""
-    kinds = sorted({type(c).__name__ for c in cache if type(c) is not KVCache})
+    kinds = sorted({type(c).__name__ for c in cache if not _batches(c)})
     return f"its cache layers ({', '.join(kinds)}) do not batch by per-row ends" if kinds else None
 
 
-class Slots:
-    """Which buffer slots each row holds, each row's length, and the current step's mask."""
-
-    def __init__(self):
-        self.held = np.zeros((0, 0), dtype=bool)  # (rows, end): slot holds an entry of that row
-        self.lengths: list[int] = []  # entries each row holds (its next RoPE position)
-        self.offset = mx.zeros((0,), mx.int32)
-        self.mask: mx.array | None = None
-
-    @property
-    def end(self) -> int:
-        return self.held.shape[1]
-
-    def begin(self, widths: Sequence[int]) -> None:
-        """Before a pass feeding `widths[i]` real positions of row i (the rest is padding)."""
-        width = max(widths)
-        new = np.arange(width)[None, :] < np.asarray(widths)[:, None]  # (rows, T)
-        causal = np.arange(width)[:, None] >= np.arange(width)[None, :]  # (T, T)
-        old = np.broadcast_to(self.held[:, None, :], (len(widths), width, self.end))
-        mask = np.concatenate([old, new[:, None, :] & causal[None]], axis=2)
-        self.mask = mx.array(mask[:, None])
-        self.offset = mx.array(self.lengths, mx.int32)
-
-    def commit(self, width: int, kept: Sequence[int]) -> None:
-        """After a pass of `width` positions: row i keeps its first `kept[i]` fed positions."""
-        new = np.arange(width)[None, :] < np.asarray(kept)[:, None]
-        self.held = np.concatenate([self.held, new], axis=1)
-        self.lengths = [n + k for n, k in zip(self.lengths, kept)]
-        self.mask = None
-
-
 class RaggedKVCache:
-    """One attention layer's keys and values for every row; positions and masks from `slots`."""
+    """One attention layer's keys and values for every row; positions and masks from `slots`.
+    A sliding-window layer (`window`) holds every entry too, and its mask hides the old ones."""
 
-    def __init__(self, slots: Slots):
-        self.slots = slots
+    def __init__(self, slots: Slots, window: int | None = None):
+        self.slots, self.window = slots, window
         self.keys = self.values = None
 
     @property
@@ -85,7 +67,8 @@ class RaggedKVCache:
         return self.keys[..., : start + width, :], self.values[..., : start + width, :]
 
     def make_mask(self, n: int, return_array: bool = False, window_size=None):
-        return self.slots.mask
+        window = window_size or self.window
+        return self.slots.mask if window is None else self.slots.window_mask(window)
 
     def is_trimmable(self) -> bool:
         return False  # rows end where `slots` says; trimming all rows at once would be wrong
@@ -94,12 +77,56 @@ class RaggedKVCache:
     def state(self):
         return self.keys, self.values
 
+    def join(self, entries: Sequence, places: Sequence[int], rows: int, end: int) -> None:
+        """Write each joining row's (keys, values) (or None), newest at slot `end`, into its place:
+        a free row in place; places from `rows` on are appended together (one copy)."""
+        for j, name in enumerate(("keys", "values")):
+            buf, theirs = getattr(self, name), [None if e is None else e[j] for e in entries]
+            like = buf if buf is not None else next((e for e in theirs if e is not None), None)
+            if like is None:
+                continue  # no row holds anything yet: the first update makes the buffer
+            if buf is None:  # earlier rows held nothing yet
+                buf = mx.zeros((rows, like.shape[1], end, like.shape[3]), like.dtype)
+            size = buf.shape[2]
+            new = [_aligned(e, end, size, buf) for p, e in zip(places, theirs) if p >= rows]
+            if new:
+                buf = mx.concatenate([buf, *new], axis=0)
+            for p, e in zip(places, theirs):
+                if p < rows and e is not None:
+                    buf[p : p + 1, :, end - e.shape[2] : end, :] = e.astype(buf.dtype)
+            setattr(self, name, buf)
 
-def _aligned(entries, n: int, end: int, size: int, like):
-    """A row of `size` slots holding the first `n` of `entries` right-aligned at slot `end`."""
+    def row(self, row: int, where: np.ndarray) -> KVCache | RotatingKVCache:
+        """A single-sequence cache of the entries in slots `where` of `row` (a window: the last
+        of them it sees, in time order, as mlx-lm's RotatingKVCache holds them after a trim)."""
+        kv = KVCache() if self.window is None else RotatingKVCache(self.window)
+        if self.window is not None:
+            where = where[-self.window:]
+        if len(where):
+            idx = mx.array(where.astype(np.int32))
+            kv.keys = mx.contiguous(self.keys[row : row + 1][..., idx, :])
+            kv.values = mx.contiguous(self.values[row : row + 1][..., idx, :])
+            if self.window is not None:
+                kv._idx = len(where)
+        return kv
+
+
+def _newest(c) -> tuple[mx.array, mx.array] | None:
+    """A single-sequence KV or sliding-window cache's entries in time order (a window: the last
+    ones only), the newest at its offset."""
+    if c.keys is None:
+        return None
+    if type(c) is RotatingKVCache:
+        return c._temporal_order(c.keys), c._temporal_order(c.values)
+    return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+
+
+def _aligned(entries, end: int, size: int, like):
+    """A row of `size` slots holding `entries` right-aligned at slot `end`."""
     if entries is None:
         return mx.zeros((1, *like.shape[1:]), like.dtype)
-    return mx.pad(entries[..., :n, :], [(0, 0), (0, 0), (end - n, size - end), (0, 0)]).astype(like.dtype)
+    n = entries.shape[2]
+    return mx.pad(entries, [(0, 0), (0, 0), (end - n, size - end), (0, 0)]).astype(like.dtype)
 
 
 def _extend(buf, like, grow: int):
@@ -108,8 +135,16 @@ def _extend(buf, like, grow: int):
     return more if buf is None else mx.concatenate([buf, more], axis=2)
 
 
+def _layer(c, slots: Slots):
+    """The batched layer for one layer of a single-sequence cache."""
+    if type(c) is ArraysCache:
+        return RowStates(slots, len(c.cache))
+    return RaggedKVCache(slots, c.max_size if type(c) is RotatingKVCache else None)
+
+
 class RaggedBatch:
-    """The ragged cache of a whole model: one RaggedKVCache per layer over shared Slots.
+    """The ragged cache of a whole model: one batched layer per layer over shared Slots, of the
+    kinds of the first caches to join (all of one model).
 
     A sequence that leaves frees its row (nothing is moved); a free row holds nothing and is fed
     padding until a joining sequence takes it, or until `compact` drops it. Copying every row's
@@ -118,44 +153,50 @@ class RaggedBatch:
 
     def __init__(self, layers: int):
         self.slots = Slots()
-        self.layers = [RaggedKVCache(self.slots) for _ in range(layers)]
+        self.count = layers  # layers of the model's cache
+        self.layers: list = []  # made by the first `add`, from the kinds of its caches
         self.free: list[int] = []  # rows no sequence holds, lowest first
+        self._fed: list[int] = []  # positions each row feeds in the current pass
 
     @property
     def rows(self) -> int:
         """Rows of the buffer, free ones included (every pass feeds them all)."""
         return len(self.slots.lengths)
 
-    def add(self, caches: Sequence[Sequence[KVCache]]) -> list[int]:
-        """Hold what each single-sequence cache holds (its entries right-aligned), in a free row
-        (written in place) or, past those, in rows appended together (one copy): their rows."""
-        counts = [cache[0].offset for cache in caches]
+    @property
+    def states(self) -> list[RowStates]:
+        """The state layers: where there are any, rows are taken back whole (`commit`)."""
+        return [c for c in self.layers if isinstance(c, RowStates)]
+
+    @property
+    def _kv(self) -> list[RaggedKVCache]:
+        return [c for c in self.layers if isinstance(c, RaggedKVCache)]
+
+    def add(self, caches: Sequence[Sequence], counts: Sequence[int] | None = None) -> list[int]:
+        """Hold what each single-sequence cache holds (`counts[i]` tokens: by default, what its
+        attention layers hold), in a free row (written in place) or, past those, in rows appended
+        together (one copy): their rows."""
+        if len(caches[0]) != self.count:
+            raise ValueError(f"a cache of {len(caches[0])} layers joins a batch of {self.count}")
+        if not self.layers:
+            self.layers = [_layer(c, self.slots) for c in caches[0]]
+        if counts is None:
+            counts = [next((c.offset for c in cache if hasattr(c, "offset")), 0) for cache in caches]
         end = max(self.slots.end, *counts)
         if end > self.slots.end:  # the buffer grows on the left: old rows gain invalid slots
             self._shift(end - self.slots.end)
         reused, self.free = self.free[: len(caches)], self.free[len(caches):]
-        places = reused + list(range(self.rows, self.rows + len(caches) - len(reused)))
-        appended = list(range(len(reused), len(caches)))
+        rows = self.rows
+        places = reused + list(range(rows, rows + len(caches) - len(reused)))
         for k, mine in enumerate(self.layers):
-            for name in ("keys", "values"):
-                buf, entries = getattr(mine, name), [getattr(cache[k], name) for cache in caches]
-                like = buf if buf is not None else next((e for e in entries if e is not None), None)
-                if like is None:
-                    continue  # no row holds anything yet: the first update makes the buffer
-                if buf is None:  # earlier rows held nothing yet
-                    buf = mx.zeros((self.rows, like.shape[1], end, like.shape[3]), like.dtype)
-                size = buf.shape[2]
-                if appended:
-                    buf = mx.concatenate([buf, *(_aligned(entries[i], counts[i], end, size, buf)
-                                                 for i in appended)], axis=0)
-                for i, row in enumerate(reused):
-                    n = counts[i]
-                    if n:
-                        buf[row : row + 1, :, end - n : end, :] = entries[i][..., :n, :].astype(buf.dtype)
-                setattr(mine, name, buf)
-        more = np.zeros((len(appended), end), dtype=bool)
+            theirs = [cache[k] for cache in caches]
+            if isinstance(mine, RowStates):
+                mine.join(theirs, places, rows + len(caches) - len(reused))
+            else:
+                mine.join([_newest(c) for c in theirs], places, rows, end)
+        more = np.zeros((len(places) - len(reused), end), dtype=bool)
         self.slots.held = np.concatenate([self.slots.held, more], axis=0)
-        self.slots.lengths += [0] * len(appended)
+        self.slots.lengths += [0] * len(more)
         for row, n in zip(places, counts):
             self.slots.held[row] = False
             self.slots.held[row, end - n:] = True
@@ -163,11 +204,28 @@ class RaggedBatch:
         return places
 
     def _shift(self, by: int) -> None:
-        for c in self.layers:
+        for c in self._kv:
             if c.keys is not None:
                 pad = [(0, 0), (0, 0), (by, 0), (0, 0)]
                 c.keys, c.values = mx.pad(c.keys, pad), mx.pad(c.values, pad)
         self.slots.held = np.pad(self.slots.held, [(0, 0), (by, 0)])
+
+    def begin(self, fed: Sequence[int]) -> None:
+        """Before a pass feeding `fed[i]` real positions of row i (the rest is padding)."""
+        for c in self.states:
+            c.mark()
+        self._fed = list(fed)
+        self.slots.begin(fed)
+
+    def commit(self, width: int, kept: Sequence[int]) -> None:
+        """After the pass: row i keeps its first `kept[i]` fed positions. With state layers, a
+        row that keeps fewer than it fed keeps none, and its states go back to before the pass."""
+        back = [i for i, (k, f) in enumerate(zip(kept, self._fed)) if k < f] if self.states else []
+        if back:
+            for c in self.states:
+                c.restore(back)
+            kept = [0 if i in back else k for i, k in enumerate(kept)]
+        self.slots.commit(width, kept)
 
     def drop(self, rows: Sequence[int]) -> None:
         """Free these rows (nothing is moved); with none held any more, the buffer is emptied."""
@@ -178,8 +236,10 @@ class RaggedBatch:
         if len(self.free) == self.rows:
             self.slots.held = np.zeros((0, 0), dtype=bool)
             self.slots.lengths, self.free = [], []
-            for c in self.layers:
+            for c in self._kv:
                 c.keys = c.values = None
+            for c in self.states:
+                c.clear()
 
     def untidy(self, joining: bool) -> bool:
         """Whether the buffer is worth copying smaller (`compact`): free rows are half of it or
@@ -202,30 +262,31 @@ class RaggedBatch:
             order[j, longest - n:] = np.flatnonzero(held[j])
         gather = mx.array(order)[:, None, :, None]
         rows = mx.array(kept, mx.int32) if self.free else None
-        for c in self.layers:
+        for c in self._kv:
             if c.keys is None:
                 continue
             end = self.slots.end
             keys, values = (c.keys, c.values) if rows is None else (c.keys[rows], c.values[rows])
             c.keys = mx.take_along_axis(keys[..., :end, :], gather, axis=2)
             c.values = mx.take_along_axis(values[..., :end, :], gather, axis=2)
+        if self.free:
+            for c in self.states:
+                c.keep(kept)
         self.slots.held = np.arange(longest)[None, :] >= (longest - np.asarray(lengths))[:, None]
         self.slots.lengths, self.free = lengths, []
         return kept
 
-    def row_cache(self, row: int, count: int) -> list[KVCache]:
+    def row_cache(self, row: int, count: int) -> list:
         """A single-sequence cache holding the first `count` entries of row `row` (a copy, made
         now: a lazy one would keep the whole buffer alive, and force the next step's writes to
-        copy it, ~0.6 s a leave at 16 rows on the CPU)."""
+        copy it, ~0.6 s a leave at 16 rows on the CPU). With state layers, `count` is what the
+        row holds (its state is as of then)."""
+        if self.states and count != self.slots.lengths[row]:
+            raise ValueError(f"row {row} holds {self.slots.lengths[row]} tokens' states, not {count}")
         where = np.flatnonzero(self.slots.held[row])[:count]
-        idx = mx.array(where.astype(np.int32))
-        out = []
-        for c in self.layers:
-            kv = KVCache()
-            if len(where):
-                kv.keys = mx.contiguous(c.keys[row : row + 1][..., idx, :])
-                kv.values = mx.contiguous(c.values[row : row + 1][..., idx, :])
-                kv.offset = len(where)
-            out.append(kv)
-        mx.eval([kv.state for kv in out if kv.keys is not None])
+        out = [c.row(row) if isinstance(c, RowStates) else c.row(row, where) for c in self.layers]
+        for c in out:
+            if not isinstance(c, ArraysCache):
+                c.offset = count
+        mx.eval([c.cache if isinstance(c, ArraysCache) else [c.keys, c.values] for c in out if not c.empty()])
         return out

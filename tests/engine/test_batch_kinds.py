@@ -1,0 +1,132 @@
+"""Every cache kind mlx-lm batches batches here too, each row speculating on its own: sliding
+windows (wrapping within the test), state-space layers (Mamba 2) and hybrids of state and
+attention layers (Qwen3-Next, LFM2). Rows arriving at different steps, of different lengths, one
+cancelled, each emit what the same request alone emits (and greedy ones what mlx-lm emits);
+their kept caches hold what plain decoding leaves; a model whose state layers read padding is
+refused by name."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import plain_tokens, run, tiny_model
+from mlx_lm.models.cache import make_prompt_cache
+from test_batch_engine import batched
+from test_caches import CYCLE, Steered, held
+
+from specgen.draft.drafter import make_drafter
+from specgen.engine.batch import Batch
+from specgen.engine.sampling import make_selector
+from specgen.errors import InputError
+
+KINDS = {  # arch -> (model overrides, steering as in test_caches): a window of 8 wraps many times
+    "gemma3_text": ({"sliding_window": 8}, 5.0),
+    "mamba2": ({}, 4.0),
+    "qwen3_next": ({}, 2.5),
+    "lfm2": ({}, 2.5),
+}
+
+
+def steered(arch: str) -> Steered:
+    overrides, boost = KINDS[arch]
+    return Steered(tiny_model(arch, **overrides), boost)
+
+
+def rows_of():
+    """Requests unlike each other: prompts of 1 to 40 tokens, drafts adaptive, fixed or none,
+    greedy or seeded, lengths 20 to 50."""
+    prompts = [CYCLE * 2 + [10, 11], [40, 41, 42], [11], CYCLE[3:] + [300, 301] + CYCLE]
+    return [dict(prompt=p, max_tokens=n, stop_tokens=frozenset(), draft=d, adaptive=d == 64,
+                 selector=make_selector(0.7, seed=i) if i % 2 else make_selector(0))
+            for i, (p, n, d) in enumerate(zip(prompts, (50, 30, 40, 20), (64, 4, 0, 6)))]
+
+
+def solo(model, row) -> list[int]:
+    return run(model, row["prompt"], drafter=make_drafter(None if row["adaptive"] else row["draft"]),
+               draft=row["draft"], max_tokens=row["max_tokens"], selector=row["selector"])[0]
+
+
+@pytest.mark.parametrize("arch", KINDS)
+def test_rows_of_every_cache_kind_emit_what_they_emit_alone(arch):
+    model = steered(arch)
+    rows = rows_of()
+    expected = [solo(model, r) for r in rows]
+    assert expected[0] == plain_tokens(model, rows[0]["prompt"], rows[0]["max_tokens"])
+    assert expected[2] == plain_tokens(model, rows[2]["prompt"], rows[2]["max_tokens"])
+    got, _, events = batched(Batch(model, max_rows=3, prefill_chunk=16), rows, arrive=[0, 0, 2, 5],
+                             cancel={1: 6})
+    assert got[0] == expected[0] and got[2] == expected[2] and got[3] == expected[3]
+    assert 0 < len(got[1]) < len(expected[1]) and got[1] == expected[1][: len(got[1])]
+    steps = [s for e in events.values() for s in e]
+    assert sum(s.accepted for s in steps) > 20 and sum(s.drafted > s.accepted for s in steps) > 0
+
+
+@pytest.mark.parametrize("arch", KINDS)
+def test_kept_caches_hold_what_plain_decoding_leaves(arch):
+    model = steered(arch)
+    batch = Batch(model, max_rows=2)
+    prompts = {"a": CYCLE * 2 + [10, 11], "b": [40, 41, 42], "c": CYCLE[5:]}
+    for key, prompt in prompts.items():
+        batch.add(key, prompt, drafter=make_drafter(4), draft=4, max_tokens=24, keep_cache=True)
+    out = {k: [] for k in prompts}
+    for step, events in enumerate(batch.run()):
+        for k, e in events:
+            out[k] += getattr(e, "tokens", ())
+        if step == 3:
+            batch.cancel("b")  # a cancelled row keeps its cache too
+    for key, prompt in prompts.items():
+        plain = make_prompt_cache(model)
+        for t in prompt + out[key][:-1]:
+            model(mx.array([[t]]), cache=plain)
+        for a, b in zip(held(batch.kept[key]), held(plain), strict=True):
+            assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
+
+
+class SometimesTied(Steered):
+    """After an even token, the cycle's next token and another tie exactly (greedy takes the
+    lower): a batched row is confirmed alone there, its states restored and its accepted tokens
+    fed again first; after an odd one, the steered model's own logits, which read the cache."""
+
+    def __call__(self, x, cache):
+        logits = super().__call__(x, cache)
+        t = x.astype(mx.int32)
+        nxt = CYCLE[0] + (t - CYCLE[0] + 1) % len(CYCLE)
+        vocab = mx.arange(logits.shape[-1])[None, None, :]
+        tie = ((vocab == nxt[..., None]) | (vocab == nxt[..., None] + 100)) & (t % 2 == 0)[..., None]
+        return mx.where(tie, 1e3, logits)
+
+
+@pytest.mark.parametrize("arch", KINDS)
+def test_near_tied_rows_are_confirmed_alone_and_exact(arch):
+    overrides, boost = KINDS[arch]
+    model = SometimesTied(tiny_model(arch, **overrides), boost)
+    prompts = [CYCLE + [10, 11], [40, 41, 42], CYCLE[7:]]
+    expected = [run(model, p, drafter=make_drafter(4), draft=4, max_tokens=24)[0] for p in prompts]
+    batch = Batch(model, max_rows=3)
+    for i, p in enumerate(prompts):
+        batch.add(i, p, drafter=make_drafter(4), draft=4, max_tokens=24)
+    got, confirmed = {i: [] for i in range(3)}, 0
+    for events in batch.run():
+        for k, e in events:
+            got[k] += getattr(e, "tokens", ())
+            confirmed += getattr(e, "confirmed", False)
+    assert [got[i] for i in range(3)] == expected and confirmed > 0
+
+
+def test_a_model_whose_state_layers_read_padding_is_refused_by_name():
+    with pytest.raises(InputError, match="cannot run in a batch: its state layers read the padding"):
+        Batch(tiny_model("mamba"))
+
+
+def test_the_server_probe_batches_these_kinds_and_names_what_it_refuses():
+    from types import SimpleNamespace
+
+    from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache
+
+    from specgen.engine.batch_cache import unbatchable
+    from specgen.engine.batch_streams import batch_unsupported
+
+    for arch in [*KINDS, "mamba"]:
+        why = batch_unsupported(SimpleNamespace(loaded=SimpleNamespace(model=tiny_model(arch))))
+        assert (why is None) == (arch != "mamba"), (arch, why)
+    why = unbatchable([KVCache(), QuantizedKVCache(), CacheList(KVCache())])
+    assert why == "its cache layers (CacheList, QuantizedKVCache) do not batch by per-row ends"
