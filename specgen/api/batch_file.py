@@ -17,6 +17,7 @@ from typing import IO, Iterator, NamedTuple
 
 from specgen.errors import InputError, SettingError
 from specgen.settings import check
+from specgen.structured.formats import Format, parse
 
 Prompt = str | list  # a user message, or a conversation (list of {"role", "content"})
 ROLES = ("system", "user", "assistant")
@@ -29,6 +30,7 @@ class Item(NamedTuple):
     prompt: Prompt
     prediction: str | None = None
     max_tokens: int | None = None
+    response_format: Format | None = None  # its own, else the run's (--json-schema, --grammar)
 
 
 class BadLine(NamedTuple):
@@ -137,8 +139,9 @@ def _item(n: int, row: dict) -> Item | BadLine:
         if prediction is not None and not isinstance(prediction, str):
             raise InputError("\"prediction\" must be a string")
         check(max_tokens=max_tokens)  # settings.py's range, as for --max-tokens
+        fmt = parse(row.get("response_format"), "\"response_format\"")
     except SettingError as e:  # caught before InputError, which it is
-        return BadLine(n, id_, e.naming("\"max_tokens\""))
+        return BadLine(n, id_, e.naming(e.param if "response_format" in e.param else "\"max_tokens\""))
     except InputError as e:
         return BadLine(n, id_, str(e))
-    return Item(id_, n, prompt, prediction, max_tokens)
+    return Item(id_, n, prompt, prediction, max_tokens, fmt)

@@ -70,6 +70,8 @@ def _request(engine: Engine, opts: Options, item, raw: bool, system: str | None)
     ids = engine.encode(item.prompt, raw=raw, system=system)
     if item.max_tokens is not None:
         opts = Options(**{**vars(opts), "max_tokens": item.max_tokens})
+    if item.response_format is not None:
+        opts = Options(**{**vars(opts), "response_format": item.response_format})
     return Request(ids, opts, prediction=item.prediction)
 
 

@@ -27,6 +27,7 @@ from specgen.cli.kit import (
     user_models_file,
 )
 from specgen.engine import registry
+from specgen.errors import SettingError
 from specgen.serve import config as serve_config
 from specgen.settings import check
 
@@ -84,10 +85,14 @@ def run(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No live stats, summary or notices on stderr."),
     color: bool = typer.Option(False, "--color", help="Colour the text that came from accepted drafts."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
+    json_schema: Optional[str] = typer.Option(None, "--json-schema", show_default=False,
+                                              help="The output is JSON valid under the JSON Schema in FILE (every prompt's, unless its line has a \"response_format\")."),
+    grammar: Optional[str] = typer.Option(None, "--grammar", show_default=False,
+                                          help="The output follows the Lark grammar in FILE."),
 ):
     """Generate text from a prompt (or many: --prompts), speculating with an n-gram predictor."""
     from specgen.cli.display import TextView
-    from specgen.cli.prompts import read_file, read_prompt
+    from specgen.cli.prompts import read_file, read_format, read_prompt
     from specgen.cli.report import summary
     from specgen.draft.stats import RunStats
     from specgen.engine.engine import Engine, Request
@@ -95,8 +100,9 @@ def run(
 
     group = launch_group(prompt, file, memory)  # under mlx.launch: every rank runs this, rank 0 speaks
     say = Notices(quiet)
+    fmt, fmt_flag = read_format(json_schema, grammar)
     opts = Options(max_tokens=max_tokens, draft=draft, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
-                   seed=seed, ngram_order=ngram_order, window=window, memory=memory)
+                   seed=seed, ngram_order=ngram_order, window=window, memory=memory, response_format=fmt)
     say.settings(opts.check() + check(dtype=dtype, batch=batch_rows))
     batch = prompts is not None
     for value, why in ((prompt, f"the prompt argument ({prompt!r}) is not used with --prompts: each "
@@ -123,6 +129,11 @@ def run(
     prediction = read_file(predict) if predict else None
     engine = Engine.load(model, dtype=dtype, world=group,
                          notice=say.warn, progress=say.progress)
+    if fmt is not None:
+        try:
+            engine.grammars.compile(fmt)  # a format that does not compile fails before any prompt
+        except SettingError as e:
+            fail(e.naming(fmt_flag))
     if draft is None:
         engine.costs(recalibrate)  # once, before any prompt
     if batch:

@@ -1,11 +1,14 @@
-"""Where a command's prompt comes from: an argument, a file, or standard input."""
+"""Where a command's prompt comes from (an argument, a file, or standard input), and its output
+format (a JSON Schema or grammar file)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TextIO
 
 from specgen.errors import InputError
+from specgen.structured.formats import Format, parse
 
 
 def read_file(path: str) -> str:
@@ -55,3 +58,21 @@ def read_prompt(argument: str | None, file: str | None, stdin: TextIO) -> str:
     if not text.strip():
         raise InputError("the prompt is empty (give it as an argument, with -f FILE, or on stdin)")
     return text
+
+
+def read_format(json_schema: str | None, grammar: str | None) -> tuple[Format | None, str]:
+    """The output format `--json-schema FILE` (a JSON Schema) or `--grammar FILE` (a Lark
+    grammar) asks for, and the flag that asked (errors name it)."""
+    if json_schema and grammar:
+        raise InputError("--json-schema and --grammar are two formats: give one")
+    if grammar:
+        return parse({"type": "grammar", "grammar": read_file(grammar)}), "--grammar"
+    if not json_schema:
+        return None, ""
+    try:
+        schema = json.loads(read_file(json_schema))
+    except json.JSONDecodeError as e:
+        raise InputError(f"--json-schema {json_schema} is not JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise InputError(f"--json-schema {json_schema} must hold a JSON Schema (an object)")
+    return parse({"type": "json_schema", "schema": schema}), "--json-schema"
