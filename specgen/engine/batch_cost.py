@@ -16,7 +16,7 @@ import time
 from typing import Callable, NamedTuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from specgen.draft.length import CostFn
 from specgen.engine.batch_cache import RaggedBatch
@@ -96,11 +96,17 @@ def _per_slot(model, solo: list, tokens: list[int], two: dict[int, float]) -> tu
     steps `two` timed over two rows of CONTEXT slots, at its narrowest and widest width."""
     long = []
     for c in solo:
-        kv = KVCache()
-        reps = -(-LONG // c.offset)
-        kv.keys, kv.values = (mx.concatenate([x[..., : c.offset, :]] * reps, axis=2)[..., :LONG, :]
-                              for x in (c.keys, c.values))
+        if type(c) is ArraysCache:  # a state layer costs the same over any context
+            long.append(c)
+            continue
+        window = type(c) is RotatingKVCache  # its entries in time order, then as long as the rest
+        held = [c._temporal_order(x) if window else x[..., : c.offset, :] for x in (c.keys, c.values)]
+        kv = RotatingKVCache(c.max_size) if window else KVCache()
+        reps = -(-LONG // held[0].shape[2])
+        kv.keys, kv.values = (mx.concatenate([x] * reps, axis=2)[..., :LONG, :] for x in held)
         kv.offset = LONG
+        if window:
+            kv._idx = LONG
         long.append(kv)
     step = _timer(model, long, 2, tokens)
     step(1)  # warm-up

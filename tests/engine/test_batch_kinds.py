@@ -15,6 +15,7 @@ from test_caches import CYCLE, Steered, held
 
 from specgen.draft.drafter import make_drafter
 from specgen.engine.batch import Batch
+from specgen.engine.batch_cost import Pricing, measure
 from specgen.engine.sampling import make_selector
 from specgen.errors import InputError
 
@@ -130,3 +131,22 @@ def test_the_server_probe_batches_these_kinds_and_names_what_it_refuses():
         assert (why is None) == (arch != "mamba"), (arch, why)
     why = unbatchable([KVCache(), QuantizedKVCache(), CacheList(KVCache())])
     assert why == "its cache layers (CacheList, QuantizedKVCache) do not batch by per-row ends"
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "qwen3_next"])
+def test_a_kept_cache_serves_the_next_turn_and_steps_are_priced(arch):
+    # A server's next turn: the first turn's kept cache holds all but its last token.
+    model = steered(arch)
+    first = CYCLE * 2 + [10, 11]
+    batch = Batch(model, max_rows=2, pricing=Pricing(measure(model, first, max_rows=2, budget_s=0.1)))
+    batch.add("one", first, drafter=make_drafter(None), max_tokens=20, keep_cache=True)
+    said = [t for events in batch.run() for _, e in events for t in getattr(e, "tokens", ())]
+    second = first + said + [40, 41, 42]
+    batch.add("two", second, drafter=make_drafter(None), max_tokens=30, prompt_cache=batch.kept.pop("one"),
+              cached=len(first) + len(said) - 1)
+    batch.add("new", CYCLE[4:], drafter=make_drafter(None), max_tokens=30)
+    out = {"two": [], "new": []}
+    for events in batch.run():
+        for k, e in events:
+            out[k] += getattr(e, "tokens", ())
+    assert out["two"] == plain_tokens(model, second, 30) and out["new"] == plain_tokens(model, CYCLE[4:], 30)
