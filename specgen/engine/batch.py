@@ -73,7 +73,7 @@ class Batch:
             cached: int = 0, drafter_fed: int = 0, keep_cache: bool = False,
             constraint: Constraint | None = None) -> None:
         """Queue a sequence; it joins once prefilled. Arguments as decode.generate's (a
-        `prompt_cache` must be of plain KV layers, holding the first `cached` prompt tokens).
+        `prompt_cache` is one of the model's own, holding the first `cached` prompt tokens).
         With `keep_cache`, once it finishes (or is cancelled after joining) `kept[key]` is a cache
         of its own holding its prompt and output but the last token (as decode.generate leaves
         its cache, closed early or not). `constraint`: the row's own grammar (constrain.py)."""

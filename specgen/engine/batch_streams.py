@@ -83,7 +83,7 @@ class Streams:
 
     def add(self, key: Hashable, request: Request, stats: RunStats | None = None,
             keep_cache: bool = False) -> RunStats:
-        """Queue `request` (its `prompt_cache`, if any, of plain KV layers); its responses come
+        """Queue `request` (its `prompt_cache`, if any, one of the model's); its responses come
         from `step`, tagged with `key`. With `keep_cache`, `kept(key)` is its cache once it
         finishes. Returns its RunStats (filled in as it goes)."""
         stats = stats or RunStats()
