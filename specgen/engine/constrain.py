@@ -23,7 +23,9 @@ import numpy as np
 from specgen.engine.sampling import Greedy, Sampler, Selector, Verified, read
 from specgen.structured.grammar import Matcher
 
-_BITS = mx.arange(32, dtype=mx.uint32)
+# Data, not a lazy mx.arange: a lazy array belongs to the importing thread's stream, and a
+# server decodes on its worker thread.
+_BITS = mx.array(np.arange(32, dtype=np.uint32))
 
 
 def masked(logits: mx.array, bitmasks: Sequence[np.ndarray]) -> mx.array:

@@ -3,7 +3,8 @@
 The schema is as strict as Anthropic's about what it defines (`"stream": "yes"` is a 400) and, as
 Anthropic's own API does for newer clients, takes fields and content blocks it does not know and
 ignores them. A request becomes the chat-template messages and tools that chat completions makes
-of the same conversation (so both give the same prompt and text); with the tool choice's
+of the same conversation (so both give the same prompt and text); `output_config.format` (a JSON
+schema) constrains the output (structured.py); with the tool choice's
 `disable_parallel_tool_use` only the first tool call the model writes is returned. What a text
 model cannot honour (image and document blocks, forcing a tool) is a 400 naming it. Claude Code's billing
 header, a system block that changes with every request, never reaches the prompt, so the next
@@ -37,6 +38,7 @@ from specgen.serve.schema import (
     make_generation,
     tagged,
 )
+from specgen.serve.structured import OutputConfig, read
 
 BILLING_HEADER = "x-anthropic-billing-header:"  # Claude Code's per-request system block
 REFUSED = ("image", "document")  # blocks a text model cannot read
@@ -151,6 +153,7 @@ class MessagesRequest(CountRequest):
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     stream: Optional[bool] = None
+    output_config: Optional[OutputConfig] = None  # its format constrains the output (structured.py)
 
     @property
     def one_tool_call(self) -> bool:
@@ -168,7 +171,9 @@ class MessagesRequest(CountRequest):
             room = min(room, context - prompt_tokens)
         return make_generation(max_tokens=room, stop=tuple(self.stop_sequences or ()),
                                temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, stream=bool(self.stream),
-                               fields={"stop": "stop_sequences"}, **known)
+                               fields={"stop": "stop_sequences"}, response_format=read(
+                                   self.output_config and self.output_config.format, "output_config.format"),
+                               **known)
 
 
 def _blocks(content) -> list:

@@ -28,6 +28,7 @@ from specgen.serve.schema import (
     bad,
     make_generation,
 )
+from specgen.serve.structured import ChatFormat, read
 
 
 class TextPart(Strict):
@@ -85,8 +86,8 @@ def _text(content) -> str:
 # Fields OpenAI defines that change the output or its shape, with the values that change nothing.
 _NO_OP = {"n": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0), "best_of": (None, 1),
           "echo": (None, False), "suffix": (None, ""), "presence_penalty": (None, 0),
-          "frequency_penalty": (None, 0), "logit_bias": (None, {}), "response_format": (None, {"type": "text"}),
-          "modalities": (None, ["text"]), "audio": (None,), "reasoning_effort": (None,),
+          "frequency_penalty": (None, 0), "logit_bias": (None, {}), "modalities": (None, ["text"]),
+          "audio": (None,), "reasoning_effort": (None,),
           "service_tier": (None, "auto", "default"), "store": (None, False), "web_search_options": (None,)}
 
 
@@ -153,7 +154,7 @@ class ChatRequest(_Common):
     tools: Optional[Tools[Tool]] = None
     tool_choice: Union[Literal["none", "auto"], dict, None] = None
     parallel_tool_calls: Optional[bool] = None  # false: only the first tool call is returned
-    response_format: Optional[dict[str, Any]] = None
+    response_format: Optional[ChatFormat] = None  # structured.py's
     modalities: Optional[list[str]] = None
     audio: Optional[dict[str, Any]] = None
     reasoning_effort: Optional[str] = None
@@ -165,7 +166,8 @@ class ChatRequest(_Common):
         if isinstance(self.tool_choice, dict):
             raise bad("tool_choice", "naming a function is not supported: the model chooses (\"auto\") or "
                                      "no tools are offered (\"none\")")
-        return super().generation(default_max_tokens, self.max_completion_tokens, **known)
+        return super().generation(default_max_tokens, self.max_completion_tokens,
+                                  response_format=read(self.response_format, "response_format"), **known)
 
     def conversation(self) -> tuple[list[dict], list[dict] | None]:
         """(messages as chat templates take them, tools or None): text parts joined, `developer`

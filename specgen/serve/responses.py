@@ -9,8 +9,9 @@ assistant's tool calls, their outputs as tool messages; reasoning items and host
 search, ...) are left out. Function tools go to the template as they are; a custom (free-form)
 tool as a function of one string, `input`, whose calls come back as custom_tool_call items with
 that raw input; with `parallel_tool_calls` false only the first call the model writes is returned.
+`text.format` (a JSON schema or JSON object) constrains the output (structured.py).
 What cannot be honoured is a 400 naming it: images and files, a stored
-conversation (`previous_response_id`, item references), forcing a tool, structured output; and
+conversation (`previous_response_id`, item references), forcing a tool; and
 what OpenAI's API refuses is refused too: temperature above 2, metadata that is no object of
 strings, a tool call's output answering no earlier call.
 Without `max_output_tokens` (Codex sends none) the output is bounded by the room in the context.
@@ -36,6 +37,7 @@ from specgen.serve.schema import (
     make_generation,
     tagged,
 )
+from specgen.serve.structured import FlatFormat, read
 
 REFUSED = ("input_image", "input_file", "input_audio")  # parts a text model cannot read
 CUSTOM_INPUT = "input"  # the one argument a custom tool gets as a function
@@ -114,12 +116,8 @@ Tool = tagged(function=FunctionTool, custom=CustomTool, namespace=NamespaceTool,
 NamespaceTool.model_rebuild()
 
 
-class Format(Lenient):
-    type: str
-
-
 class TextOptions(Lenient):
-    format: Optional[Format] = None
+    format: Optional[FlatFormat] = None  # structured.py's
 
 
 class ResponsesRequest(Lenient, Body):
@@ -187,9 +185,6 @@ class ResponsesRequest(Lenient, Body):
         if self.tool_choice not in (None, "auto", "none") and self.tool_choice != {"type": "auto"}:
             raise bad("tool_choice", "forcing a tool is not supported: the model chooses (\"auto\") or no tools "
                                      "are offered (\"none\")")
-        fmt = self.text.format if self.text else None
-        if fmt is not None and fmt.type != "text":
-            raise bad("text.format", f"{fmt.type!r} is not supported: specgen answers in plain text")
 
     def generation(self, prompt_tokens: int, context: int | None, default_max_tokens: int, **known) -> Generation:
         """What this request asks of the engine; no max_output_tokens means the room in the context."""
@@ -200,7 +195,8 @@ class ResponsesRequest(Lenient, Body):
         elif room is not None and limit >= 1:  # an invalid one stays, for Options to name it
             limit = min(limit, room)
         return make_generation(max_tokens=limit, temperature=self.temperature, top_p=self.top_p,
-                               stream=bool(self.stream), fields={"max_tokens": "max_output_tokens"}, **known)
+                               stream=bool(self.stream), fields={"max_tokens": "max_output_tokens"},
+                               response_format=read(self.text and self.text.format, "text.format"), **known)
 
 
 def _text(content, where: str) -> str:

@@ -83,7 +83,7 @@ class ResponseBuilder:
                 "instructions": b.instructions, "max_output_tokens": b.max_output_tokens, "model": b.model,
                 "output": list(self.output), "parallel_tool_calls": b.parallel_tool_calls is not False,
                 "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
-                "temperature": self.temperature, "text": {"format": {"type": "text"}},
+                "temperature": self.temperature, "text": {"format": self._format()},
                 "tool_choice": b.tool_choice or "auto",
                 "tools": [t.model_dump(exclude_none=True) for t in b.tools or ()], "top_p": b.top_p,
                 "truncation": "disabled", "usage": None, "metadata": b.metadata or {}}
@@ -95,6 +95,11 @@ class ResponseBuilder:
                              "total_tokens": self.prompt_tokens + out}
             body["specgen"] = specgen_stats(stats)
         return body
+
+    def _format(self) -> dict:
+        """The request's text.format, echoed as OpenAI does."""
+        fmt = self.body.text.format if self.body.text else None
+        return fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None else {"type": "text"}
 
     def _event(self, kind: str, **fields) -> Event:
         self.sequence += 1

@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 from specgen import defaults
 from specgen.engine.options import Options
 from specgen.errors import SettingError
+from specgen.structured.formats import Format
 
 # The request field for each Options setting that the API names differently.
 FIELDS = {"temp": "temperature"}
@@ -203,13 +204,15 @@ _TYPES = {"str", "int", "float", "bool", "list", "dict"}
 def make_generation(*, max_tokens: int, stop: tuple[str, ...] = (), temperature: float | None = None,
                     top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
                     seed: int | None = None, stream: bool = False, include_usage: bool = False,
-                    prediction: str | None = None, fields: dict[str, str] | None = None, **known) -> Generation:
+                    prediction: str | None = None, fields: dict[str, str] | None = None,
+                    response_format: tuple[Format | None, str] = (None, ""), **known) -> Generation:
     """A request's settings as the engine takes them, checked (settings.check, via Options); unset
     ones are the server's defaults. A setting out of range is a 400 naming the request's field for
-    it (`fields`: the request's names that differ from OpenAI's)."""
+    it (`fields`: the request's names that differ from OpenAI's). `response_format`: the output's
+    Format and the field naming it (structured.read)."""
     opts = dict(max_tokens=max_tokens, stop=stop, temp=temperature if temperature is not None else defaults.TEMP,
                 top_p=top_p or defaults.TOP_P, top_k=top_k or defaults.TOP_K, min_p=min_p or defaults.MIN_P,
-                seed=seed, **known)
+                seed=seed, response_format=response_format[0], **known)
     if opts["top_p"] == 1.0:  # OpenAI's default: keep all the mass, i.e. no filter
         opts["top_p"] = defaults.TOP_P
     try:
@@ -217,7 +220,8 @@ def make_generation(*, max_tokens: int, stop: tuple[str, ...] = (), temperature:
         options.check()  # warnings (e.g. a seed when greedy) change nothing, as in OpenAI
     except SettingError as e:
         raise setting_error(e, fields) from None
-    return Generation(options=options, stream=stream, include_usage=include_usage, prediction=prediction)
+    return Generation(options=options, stream=stream, include_usage=include_usage, prediction=prediction,
+                      format_field=response_format[1])
 
 
 @dataclass(frozen=True)
@@ -228,3 +232,4 @@ class Generation:
     stream: bool
     include_usage: bool
     prediction: str | None
+    format_field: str = ""  # the request's field holding options.response_format, for its errors

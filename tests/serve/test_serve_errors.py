@@ -42,7 +42,7 @@ BAD = [  # (body, status, param, words in the message)
     ({"model": "demo", "messages": MSG, "stop": [""]}, 400, "stop", "non-empty"),
     ({"model": "demo", "messages": MSG, "n": 2}, 400, "n", "not supported"),
     ({"model": "demo", "messages": MSG, "logprobs": True}, 400, "logprobs", "not supported"),
-    ({"model": "demo", "messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format", "not supported"),
+    ({"model": "demo", "messages": MSG, "response_format": {"type": "xml"}}, 400, "response_format.type", "json_schema"),
     ({"model": "demo", "messages": MSG, "tool_choice": {"type": "function", "function": {"name": "f"}}}, 400, "tool_choice", "function"),
     ({"model": "demo", "messages": MSG, "frobnicate": 1}, 400, "frobnicate", "not a field"),
     ({"model": "demo", "messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream is true"),

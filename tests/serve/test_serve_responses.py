@@ -173,7 +173,8 @@ BAD = [  # (body, param, words in the message)
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]}, "input[0].arguments", "not JSON"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role", "'user'"),
     ({"input": MSG, "tool_choice": "required"}, "tool_choice", "forcing a tool"),
-    ({"input": MSG, "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format", "plain text"),
+    ({"input": MSG, "text": {"format": {"type": "json_schema", "schema": {"type": "strin"}}}}, "text.format.schema",
+     "does not compile"),
     ({"input": MSG * 200}, "input", "tokens too many"),
 ]
 

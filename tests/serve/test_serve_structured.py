@@ -1,0 +1,214 @@
+"""Structured outputs through `specgen serve` and the official SDKs, on real servers: chat
+completions' `response_format` (`chat.completions.parse(response_format=Model)`, streamed with
+`chat.completions.stream` and `create(stream=True)`), Responses' `text.format`
+(`responses.parse(text_format=Model)`), Anthropic's `output_config.format` (`messages.create`,
+streamed and not, and `messages.parse`). Every answer validates against its schema and equals
+plain constrained decoding's (a server with `--draft 0` on the same engine; every API makes the
+same prompt of the same conversation). The speculating servers draft a fixed 4 tokens a step, so
+every answer is verified against drafts whatever the cost curve says (on 2 CPU cores the adaptive
+drafter would decode SmolLM2 plainly). On the demo model: rows with different schemas batched
+together each equal their solo run, an answer cut by max_tokens says so in every API, and every bad
+format is a 400 naming its field, the server answering after it.
+"""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import httpx
+import pytest
+from conftest import needs_smollm2
+from pydantic import BaseModel, ConfigDict, Field
+from servers import anthropic_client, client, error_message, running
+
+DRAFT = 4  # fixed drafts: every step verifies some
+
+
+class Answer(BaseModel):
+    """What SmolLM2 is asked for: short whatever it says."""
+
+    colour: Literal["red", "green", "blue"]
+    sure: bool
+
+
+QUESTION = [{"role": "user", "content": "What colour is the sky? Answer as JSON."}]
+
+
+def schema_of(model: type[BaseModel]) -> dict:
+    """The strict schema OpenAI's parse sends for `model` (all fields required, no others)."""
+    from openai.lib._pydantic import to_strict_json_schema
+
+    return to_strict_json_schema(model)
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_engine):
+    """(a speculating server's URL, a plain one's), both serving SmolLM2, used one at a time."""
+    with running(smollm2_engine, model_name="smollm2", draft=DRAFT) as (url, _):
+        with running(smollm2_engine, model_name="smollm2", draft=0) as (plain, _):
+            yield url, plain
+
+
+def plain_text(url: str, messages: list[dict], schema: dict, max_tokens: int) -> str:
+    """Plain constrained decoding's answer: chat completions on the `--draft 0` server."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    r = client(url).chat.completions.create(model="m", messages=messages, response_format=fmt, max_tokens=max_tokens)
+    assert r.choices[0].finish_reason == "stop", r
+    return r.choices[0].message.content
+
+
+@needs_smollm2
+def test_every_sdk_gets_plain_constrained_decodings_valid_json_streamed_or_not(smollm2):
+    url, plain = smollm2
+    expected = plain_text(plain, QUESTION, schema_of(Answer), 30)
+    Answer.model_validate_json(expected)
+    c, a = client(url), anthropic_client(url)
+    texts, steps, tokens = {}, 0, 0
+
+    parsed = c.chat.completions.parse(model="m", messages=QUESTION, response_format=Answer, max_tokens=30)
+    texts["chat.parse"] = parsed.choices[0].message.content
+    assert parsed.choices[0].message.parsed == Answer.model_validate_json(expected)
+    steps, tokens = parsed.model_extra["specgen"]["steps"], parsed.usage.completion_tokens
+    with c.chat.completions.stream(model="m", messages=QUESTION, response_format=Answer, max_tokens=30) as s:
+        final = s.get_final_completion()
+    texts["chat.stream"] = final.choices[0].message.content
+    assert final.choices[0].message.parsed is not None and final.choices[0].finish_reason == "stop"
+
+    response = c.responses.parse(model="m", input=QUESTION, text_format=Answer, max_output_tokens=30)
+    texts["responses.parse"] = response.output_text
+    assert response.output_parsed is not None and response.text.format.type == "json_schema"
+
+    said = {"type": "json_schema", "schema": schema_of(Answer)}
+    events = a.messages.create(model="m", messages=QUESTION, max_tokens=30, output_config={"format": said}, stream=True)
+    texts["messages.create(stream)"] = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    if hasattr(a.messages, "parse"):  # output_format: the SDK sends output_config.format
+        parsed = a.messages.parse(model="m", messages=QUESTION, max_tokens=30, output_format=Answer)
+        texts["messages.parse"] = parsed.content[0].text
+        assert parsed.parsed_output == Answer.model_validate_json(expected) and parsed.stop_reason == "end_turn"
+    else:
+        message = a.messages.create(model="m", messages=QUESTION, max_tokens=30, output_config={"format": said})
+        texts["messages.create"] = message.content[0].text
+
+    for name, text in texts.items():
+        Answer.model_validate_json(text)
+        assert text == expected, (name, text, expected)
+    assert steps < tokens  # drafts were accepted: the grammar's forced keys and quotes at least
+
+
+class Hero(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hero: Literal["Lily", "Tom", "Sue"]
+    happy: bool
+
+
+class Count(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(ge=0, le=9)
+
+
+class Pets(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pets: list[Literal["cat", "dog"]] = Field(min_length=1, max_length=3)
+
+
+STORY = [{"role": "user", "content": "Once upon a time"}]
+
+
+@pytest.fixture(scope="module")
+def demo(demo_engine):
+    """(a speculating server's URL, a plain one's), both serving the demo model."""
+    with running(demo_engine, draft=DRAFT) as (url, _):
+        with running(demo_engine, draft=0) as (plain, _):
+            yield url, plain
+
+
+def chat(url: str, model: type[BaseModel], max_tokens: int = 40) -> dict:
+    fmt = {"type": "json_schema", "json_schema": {"name": model.__name__, "schema": model.model_json_schema()}}
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                   json={"model": "demo", "messages": STORY, "response_format": fmt, "max_tokens": max_tokens})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def test_rows_with_different_schemas_batched_each_equal_their_solo_plain_run(demo):
+    url, plain = demo
+    models = [Hero, Count, Pets, Hero]
+    with ThreadPoolExecutor(len(models)) as pool:  # together: rows of one batch
+        together = list(pool.map(lambda m: chat(url, m), models))
+    for model, got in zip(models, together):
+        alone = chat(plain, model)
+        assert got["finish_reason"] == alone["finish_reason"] == "stop", (got, alone)
+        model.model_validate_json(got["message"]["content"])
+        assert got["message"]["content"] == alone["message"]["content"], model
+
+
+def test_json_object_is_an_object(demo):
+    url, _ = demo
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "model": "demo", "messages": STORY, "max_tokens": 30, "response_format": {"type": "json_object"}})
+    choice = r.json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(choice["message"]["content"]), dict)
+    assert choice["message"]["content"].startswith("{")
+
+
+OPEN = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+
+
+def test_an_answer_cut_by_max_tokens_says_so_in_every_api(demo):
+    url, _ = demo
+    chat_format = {"type": "json_schema", "json_schema": {"name": "s", "schema": OPEN}}
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                   json={"model": "demo", "messages": STORY, "response_format": chat_format, "max_tokens": 6})
+    assert r.json()["choices"][0]["finish_reason"] == "length", r.text
+    r = httpx.post(f"{url}/v1/responses", timeout=60, json={
+        "model": "demo", "input": STORY, "max_output_tokens": 6,
+        "text": {"format": {"type": "json_schema", "name": "s", "schema": OPEN}}})
+    assert r.json()["status"] == "incomplete" and r.json()["text"]["format"]["name"] == "s", r.text
+    r = httpx.post(f"{url}/v1/messages", timeout=60, json={
+        "model": "demo", "messages": STORY, "max_tokens": 6,
+        "output_config": {"format": {"type": "json_schema", "schema": OPEN}}})
+    assert r.json()["stop_reason"] == "max_tokens", r.text
+
+
+NOT_A_TYPE = {"type": "object", "properties": {"a": {"type": "strin"}}}
+BAD = [  # (path, the body's format field, the field the 400 names, words in its message)
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": NOT_A_TYPE}}},
+     "response_format.json_schema.schema", "Invalid type: strin"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"if": {}}}}},
+     "response_format.json_schema.schema", "if"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
+     "response_format.json_schema.schema", "dictionary"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "schema": {}}}, "response_format.json_schema",
+     "required"),
+    ("/v1/chat/completions", {"response_format": {"type": "grammar", "grammar": "start: x"}}, "response_format.type",
+     "json_schema"),
+    ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"$ref": "#/$defs/gone"}}}},
+     "text.format.schema", "does not exist"),
+    ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", "required"),
+    ("/v1/responses", {"text": {"format": {"type": "regex"}}}, "text.format.type", "json_schema"),
+    ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": NOT_A_TYPE}}},
+     "output_config.format.schema", "Invalid type: strin"),
+    ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": {"type": "string", "format": "odd"}}}},
+     "output_config.format.schema", "Unknown format"),
+    ("/v1/messages", {"output_config": {"format": {"type": "json_object"}}}, "output_config.format.type", "json_schema"),
+]
+PROMPTS = {"/v1/chat/completions": {"messages": STORY, "max_tokens": 3}, "/v1/responses": {"input": STORY,
+           "max_output_tokens": 3}, "/v1/messages": {"messages": STORY, "max_tokens": 3}}
+
+
+@pytest.mark.parametrize("path,fields,param,words", BAD, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD)])
+def test_a_bad_format_is_a_400_naming_its_field_and_the_server_answers_after(demo, path, fields, param, words):
+    url, _ = demo
+    with httpx.Client(base_url=url, timeout=60) as http:
+        r = http.post(path, json={"model": "demo", **PROMPTS[path], **fields})
+        assert r.status_code == 400, r.text
+        message = error_message(path, r, None if path == "/v1/messages" else param)
+        assert message.startswith(f"{param}: ") and words in message, message
+        ok = http.post(path, json={"model": "demo", **PROMPTS[path], **fields, **GOOD[path]})
+        assert ok.status_code == 200, ok.text
+
+
+GOOD = {"/v1/chat/completions": {"response_format": {"type": "json_object"}},
+        "/v1/responses": {"text": {"format": {"type": "json_object"}}},
+        "/v1/messages": {"output_config": {"format": {"type": "json_schema", "schema": Hero.model_json_schema()}}}}
