@@ -18,15 +18,20 @@ its time to first token shows whether prefill is chunked between decode steps.
     apt-get install -y libopenblas0-pthread
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/concurrency.py --rounds 3
 
-With no --model, the shared SmolLM2 is dequantized to float32 into /tmp once. Prints one JSON line
-per measurement and writes them all to --out.
+With no --model, the shared SmolLM2 is dequantized to float32 into /tmp once; `--arch gemma3` or
+`--arch qwen3_next` instead writes a model of that kind at SmolLM2's size (sliding windows of 512
+on five layers of six; linear attention on three layers of four) with random weights and
+SmolLM2's tokenizer, once: enough for throughput. Prints one JSON line per measurement and writes
+them all to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,12 +40,42 @@ import threading
 import time
 from pathlib import Path
 
+import mlx.core as mx
 import openai
+from mlx_lm.utils import save_config, save_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import ROOT, SETS, float32_model, start  # noqa: E402  (benchmarks/serve.py's helpers)
+from serve import ROOT, SETS, SHARED, float32_model, start  # noqa: E402  (benchmarks/serve.py's helpers)
 
 SERVERS = ("specgen", "mlx_lm")
+SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9,
+               rms_norm_eps=1e-5, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192)
+RANDOM = {  # --arch: SmolLM2's shape with other layers
+    "gemma3": dict(model_type="gemma3_text", num_key_value_heads=3, head_dim=64, query_pre_attn_scalar=64,
+                   sliding_window=512, sliding_window_pattern=6),
+    "qwen3_next": dict(  # dense MLPs (no experts): the layers' kinds, not the MoE, are what is measured
+        model_type="qwen3_next", num_key_value_heads=3, head_dim=64, linear_num_value_heads=8,
+        linear_num_key_heads=4, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
+        num_experts=0, num_experts_per_tok=0, decoder_sparse_step=1, shared_expert_intermediate_size=0,
+        mlp_only_layers=list(range(30)), moe_intermediate_size=0, rope_theta=10000.0,
+        partial_rotary_factor=0.25, full_attention_interval=4),
+}
+
+
+def random_model(arch: str) -> str:
+    """A folder both servers load: `arch`'s layers at SmolLM2's size, random weights (float32),
+    SmolLM2's tokenizer and chat template. Written once into /tmp."""
+    out = Path(f"/tmp/specgen-bench-{arch}-random")
+    if not (out / "config.json").exists():
+        config = {**SMOLLM2, **RANDOM[arch]}
+        module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+        mx.random.seed(0)
+        model = module.Model(module.ModelArgs.from_dict(config))
+        save_model(out, model)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(SHARED / "models" / "smollm2-135m-instruct-4bit" / name, out / name)
+        save_config(config, out / "config.json")  # last: a folder with it is complete
+    return str(out)
 
 
 def prompt_pool() -> list[list[dict]]:
@@ -211,6 +246,8 @@ def batch_job(model: str, count: int, batch: int, max_tokens: int, rounds: int) 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a model folder both load (default: the shared SmolLM2 in float32)")
+    ap.add_argument("--arch", choices=sorted(RANDOM),
+                    help="instead of --model: a model of these layers at SmolLM2's size, random weights")
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -224,7 +261,7 @@ def main():
     ap.add_argument("--only", choices=["serve", "batch"], help="run one part only")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "concurrency.jsonl"))
     args = ap.parse_args()
-    model = args.model or float32_model()
+    model = args.model or (random_model(args.arch) if args.arch else float32_model())
     (Path.home() / ".cache" / "huggingface" / "hub").mkdir(parents=True, exist_ok=True)  # mlx_lm's /v1/models
     rows = []
     if args.only != "batch":
