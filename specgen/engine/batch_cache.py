@@ -12,10 +12,11 @@ invalid), into a row another one freed by leaving (`drop`) or a new one. Holes a
 squeezed out (`compact`) once they make the buffer much larger than what its rows hold.
 
 Layers of three kinds batch: KV caches; sliding windows (RotatingKVCache), held like KV layers
-and masked to each row's window, so a rejected draft is a hole there too, wrap or not; and state
-layers (ArraysCache, batch_state.py), which cannot drop tokens: a row whose draft was partly
-rejected is restored to its state before the pass and keeps none of the pass's entries in any
-layer, so all layers hold the same tokens (`commit`). `unbatchable` names any other kind.
+(batch_kv.py) and masked to each row's window, so a rejected draft is a hole there too, wrap or
+not, and cut to the slots some window still reaches (`commit`); and state layers (ArraysCache,
+batch_state.py), which cannot drop tokens: a row whose draft was partly rejected is restored to
+its state before the pass and keeps none of the pass's entries in any layer, so all layers hold
+the same tokens (`commit`). `unbatchable` names any other kind.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
+from specgen.engine.batch_kv import GROW, RaggedKVCache, newest
 from specgen.engine.batch_slots import Slots
 from specgen.engine.batch_state import RowStates
 
-GROW = 256  # slots added at a time, as mlx-lm's KVCache grows
 HOLES = 0.5  # compact when the buffer is this much longer than the longest row (and GROW more)
 
 
@@ -42,97 +43,6 @@ def unbatchable(cache: Sequence) -> str | None:
     """Why a model's fresh cache (make_prompt_cache) cannot join a ragged batch, or None."""
     kinds = sorted({type(c).__name__ for c in cache if not _batches(c)})
     return f"its cache layers ({', '.join(kinds)}) do not batch by per-row ends" if kinds else None
-
-
-class RaggedKVCache:
-    """One attention layer's keys and values for every row; positions and masks from `slots`.
-    A sliding-window layer (`window`) holds every entry too, and its mask hides the old ones."""
-
-    def __init__(self, slots: Slots, window: int | None = None):
-        self.slots, self.window = slots, window
-        self.keys = self.values = None
-
-    @property
-    def offset(self) -> mx.array:
-        return self.slots.offset
-
-    def update_and_fetch(self, keys, values):
-        start, width = self.slots.end, keys.shape[2]
-        if self.keys is None or start + width > self.keys.shape[2]:
-            grow = -(-(start + width - (0 if self.keys is None else self.keys.shape[2])) // GROW) * GROW
-            self.keys = _extend(self.keys, keys, grow)
-            self.values = _extend(self.values, values, grow)
-        self.keys[..., start : start + width, :] = keys
-        self.values[..., start : start + width, :] = values
-        return self.keys[..., : start + width, :], self.values[..., : start + width, :]
-
-    def make_mask(self, n: int, return_array: bool = False, window_size=None):
-        window = window_size or self.window
-        return self.slots.mask if window is None else self.slots.window_mask(window)
-
-    def is_trimmable(self) -> bool:
-        return False  # rows end where `slots` says; trimming all rows at once would be wrong
-
-    @property
-    def state(self):
-        return self.keys, self.values
-
-    def join(self, entries: Sequence, places: Sequence[int], rows: int, end: int) -> None:
-        """Write each joining row's (keys, values) (or None), newest at slot `end`, into its place:
-        a free row in place; places from `rows` on are appended together (one copy)."""
-        for j, name in enumerate(("keys", "values")):
-            buf, theirs = getattr(self, name), [None if e is None else e[j] for e in entries]
-            like = buf if buf is not None else next((e for e in theirs if e is not None), None)
-            if like is None:
-                continue  # no row holds anything yet: the first update makes the buffer
-            if buf is None:  # earlier rows held nothing yet
-                buf = mx.zeros((rows, like.shape[1], end, like.shape[3]), like.dtype)
-            size = buf.shape[2]
-            new = [_aligned(e, end, size, buf) for p, e in zip(places, theirs) if p >= rows]
-            if new:
-                buf = mx.concatenate([buf, *new], axis=0)
-            for p, e in zip(places, theirs):
-                if p < rows and e is not None:
-                    buf[p : p + 1, :, end - e.shape[2] : end, :] = e.astype(buf.dtype)
-            setattr(self, name, buf)
-
-    def row(self, row: int, where: np.ndarray) -> KVCache | RotatingKVCache:
-        """A single-sequence cache of the entries in slots `where` of `row` (a window: the last
-        of them it sees, in time order, as mlx-lm's RotatingKVCache holds them after a trim)."""
-        kv = KVCache() if self.window is None else RotatingKVCache(self.window)
-        if self.window is not None:
-            where = where[-self.window:]
-        if len(where):
-            idx = mx.array(where.astype(np.int32))
-            kv.keys = mx.contiguous(self.keys[row : row + 1][..., idx, :])
-            kv.values = mx.contiguous(self.values[row : row + 1][..., idx, :])
-            if self.window is not None:
-                kv._idx = len(where)
-        return kv
-
-
-def _newest(c) -> tuple[mx.array, mx.array] | None:
-    """A single-sequence KV or sliding-window cache's entries in time order (a window: the last
-    ones only), the newest at its offset."""
-    if c.keys is None:
-        return None
-    if type(c) is RotatingKVCache:
-        return c._temporal_order(c.keys), c._temporal_order(c.values)
-    return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
-
-
-def _aligned(entries, end: int, size: int, like):
-    """A row of `size` slots holding `entries` right-aligned at slot `end`."""
-    if entries is None:
-        return mx.zeros((1, *like.shape[1:]), like.dtype)
-    n = entries.shape[2]
-    return mx.pad(entries, [(0, 0), (0, 0), (end - n, size - end), (0, 0)]).astype(like.dtype)
-
-
-def _extend(buf, like, grow: int):
-    shape = (like.shape[0], like.shape[1], grow, like.shape[3])
-    more = mx.zeros(shape, like.dtype)
-    return more if buf is None else mx.concatenate([buf, more], axis=2)
 
 
 def _layer(c, slots: Slots):
@@ -193,7 +103,7 @@ class RaggedBatch:
             if isinstance(mine, RowStates):
                 mine.join(theirs, places, rows + len(caches) - len(reused))
             else:
-                mine.join([_newest(c) for c in theirs], places, rows, end)
+                mine.join([newest(c) for c in theirs], places, rows, end)
         more = np.zeros((len(places) - len(reused), end), dtype=bool)
         self.slots.held = np.concatenate([self.slots.held, more], axis=0)
         self.slots.lengths += [0] * len(more)
@@ -205,9 +115,7 @@ class RaggedBatch:
 
     def _shift(self, by: int) -> None:
         for c in self._kv:
-            if c.keys is not None:
-                pad = [(0, 0), (0, 0), (by, 0), (0, 0)]
-                c.keys, c.values = mx.pad(c.keys, pad), mx.pad(c.values, pad)
+            c.shift(by)
         self.slots.held = np.pad(self.slots.held, [(0, 0), (by, 0)])
 
     def begin(self, fed: Sequence[int]) -> None:
@@ -226,6 +134,17 @@ class RaggedBatch:
                 c.restore(back)
             kept = [0 if i in back else k for i, k in enumerate(kept)]
         self.slots.commit(width, kept)
+        for window in {c.window for c in self._kv if c.window is not None}:
+            needed = self._needed(window + 1)
+            for c in self._kv:
+                if c.window == window:
+                    c.forget(needed)
+
+    def _needed(self, last: int) -> int:
+        """The first slot holding one of some row's `last` newest entries."""
+        firsts = [where[-last] if len(where) >= last else where[0]
+                  for where in map(np.flatnonzero, self.slots.held) if len(where)]
+        return int(min(firsts, default=self.slots.end))
 
     def drop(self, rows: Sequence[int]) -> None:
         """Free these rows (nothing is moved); with none held any more, the buffer is emptied."""
@@ -237,7 +156,7 @@ class RaggedBatch:
             self.slots.held = np.zeros((0, 0), dtype=bool)
             self.slots.lengths, self.free = [], []
             for c in self._kv:
-                c.keys = c.values = None
+                c.clear()
             for c in self.states:
                 c.clear()
 
@@ -260,15 +179,9 @@ class RaggedBatch:
         order = np.zeros((len(kept), longest), dtype=np.int32)
         for j, n in enumerate(lengths):
             order[j, longest - n:] = np.flatnonzero(held[j])
-        gather = mx.array(order)[:, None, :, None]
         rows = mx.array(kept, mx.int32) if self.free else None
         for c in self._kv:
-            if c.keys is None:
-                continue
-            end = self.slots.end
-            keys, values = (c.keys, c.values) if rows is None else (c.keys[rows], c.values[rows])
-            c.keys = mx.take_along_axis(keys[..., :end, :], gather, axis=2)
-            c.values = mx.take_along_axis(values[..., :end, :], gather, axis=2)
+            c.gather(rows, order, self.slots.end, lengths)
         if self.free:
             for c in self.states:
                 c.keep(kept)

@@ -14,6 +14,7 @@ from test_batch_engine import batched
 from test_caches import CYCLE, Steered, held
 
 from specgen.draft.drafter import make_drafter
+from specgen.engine import batch_kv
 from specgen.engine.batch import Batch
 from specgen.engine.batch_cost import Pricing, measure
 from specgen.engine.sampling import make_selector
@@ -150,3 +151,26 @@ def test_a_kept_cache_serves_the_next_turn_and_steps_are_priced(arch):
         for k, e in events:
             out[k] += getattr(e, "tokens", ())
     assert out["two"] == plain_tokens(model, second, 30) and out["new"] == plain_tokens(model, CYCLE[4:], 30)
+
+
+def test_a_window_layer_holds_about_a_window_of_slots_and_rows_stay_exact(monkeypatch):
+    monkeypatch.setattr(batch_kv, "GROW", 4)  # cut often (and grow by little)
+    model = steered("gemma3_text")  # windows of 8
+    rows = rows_of()
+    expected = [solo(model, r) for r in rows]
+    held, ends = [], []
+    real = Batch.step
+
+    def step(self):
+        events = real(self)
+        windows = [c for c in self.cache.layers if getattr(c, "window", None) and c.keys is not None]
+        held.extend(c.keys.shape[2] for c in windows)
+        ends.append(self.cache.slots.end)
+        return events
+
+    monkeypatch.setattr(Batch, "step", step)
+    got, _, _ = batched(Batch(model, max_rows=3, prefill_chunk=16), rows, arrive=[0, 0, 2, 5], cancel={1: 6})
+    assert got[0] == expected[0] and got[2] == expected[2] and got[3] == expected[3]
+    # A row's last 9 entries span more slots where other rows' drafts were wider (or rejected),
+    # but never the whole history; a row alone holds its window, one entry and GROW or less.
+    assert max(ends) > 100 and max(held) < max(ends) / 1.5 and held[-1] <= 8 + 1 + 2 * 4, (ends, held)
