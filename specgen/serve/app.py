@@ -43,7 +43,7 @@ from specgen.serve.prompting import Splitter, agent_ids, chat_ids, completion_id
 from specgen.serve.responses import ResponsesRequest
 from specgen.serve.responses_stream import ResponseBuilder
 from specgen.serve.schema import ApiError, Generation, validation_error
-from specgen.serve.structured import check_format
+from specgen.serve.structured import constrained
 from specgen.serve.turn import Builder, Turn, respond
 from specgen.serve.worker import Worker
 
@@ -121,8 +121,9 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     async def answer(request: HttpRequest, ids: list[int], generation: Generation, splitter: Splitter | None,
                      builder: Builder):
-        if generation.options.response_format is not None:  # compiled here, so the worker gets no bad one
-            await run_in_threadpool(check_format, engine, generation)
+        generic = splitter.tools if splitter is not None and splitter.generic else None
+        if generation.options.response_format is not None or generic:  # compiled here: the worker gets no bad one
+            generation = await run_in_threadpool(constrained, engine, generation, generic)
         turn = Turn.submit(engine, worker, ids, generation, splitter, builder.label)
         return await respond(request, turn, builder, generation.stream)
 

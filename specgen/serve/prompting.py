@@ -4,7 +4,8 @@ Chat messages go through the model's chat template with their tools (mlx-lm's to
 wrapper, as mlx_lm.server does), whichever API they came from; completions are encoded as mlx-lm
 encodes a prompt. Generated text is split by mlx-lm's TextStateMachine into content, reasoning and
 tool-call text, and tool calls are parsed by the model's mlx-lm tool parser: nothing of this is
-written again here.
+written again here. A model whose tool-calling format mlx-lm does not know calls tools in
+generic_tools.py's format.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
 from specgen.engine.engine import Engine
 from specgen.errors import SpecgenError
+from specgen.serve import generic_tools
 from specgen.serve.chat import ChatRequest, CompletionRequest
 from specgen.serve.schema import bad
 
@@ -28,10 +30,11 @@ _log = logging.getLogger("specgen.serve")
 def chat_ids(engine: Engine, req: ChatRequest) -> tuple[list[int], list[dict] | None]:
     """The conversation's token ids, through the chat template, and the tools it was given."""
     messages, tools = req.conversation()
-    if tools and not can_call(engine):
-        raise bad("tools", f"{engine.name} has no tool-calling format that mlx-lm knows (its chat template "
-                           "and vocabulary name none): send the tools in a message instead")
-    return fits(engine, template_ids(engine, messages, tools), "messages"), tools
+    if tools and not _templated(engine):
+        raise bad("tools", f"{engine.name} has no tool-calling format, nor a chat template to describe "
+                           "tools in: send them in the prompt instead")
+    ids, tools = agent_ids(engine, messages, tools)
+    return fits(engine, ids, "messages"), tools
 
 
 def can_call(engine: Engine) -> bool:
@@ -54,17 +57,21 @@ def template_ids(engine: Engine, messages: list[dict], tools: list[dict] | None)
 
 
 def agent_ids(engine: Engine, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], list[dict] | None]:
-    """(ids, tools) as chat_ids makes them, for the agent APIs, whose clients send their tools with
-    every request: a model that cannot call tools gets none and answers in text (logged once)."""
-    if tools and not can_call(engine):
+    """(ids, tools) of a conversation, not checked against the context: a chat model with no
+    tool-calling format mlx-lm knows gets the tools in its system message (generic_tools.py); a
+    model with no chat template gets none and answers in text (logged once: agents send their
+    tools with every request)."""
+    if tools and not _templated(engine):
         _without_tools(engine.name)
         tools = None
+    if tools and not can_call(engine):
+        return template_ids(engine, generic_tools.described(messages, tools), None), tools
     return template_ids(engine, messages, tools), tools
 
 
 @functools.cache
 def _without_tools(name: str) -> None:
-    _log.warning("%s has no tool-calling format that mlx-lm knows: tools are left out of its prompts", name)
+    _log.warning("%s has no chat template: tools are left out of its prompts", name)
 
 
 def _templated(engine: Engine) -> bool:
@@ -109,7 +116,9 @@ class Splitter:
     """Splits a generation's text into Parts as it comes (mlx-lm's TextStateMachine), parsing
     each tool call once it is complete. With `one_call` (the request allows one call per turn:
     parallel_tool_calls false, disable_parallel_tool_use) only the first call is kept: a model
-    cannot be made to write just one, so the calls after it are dropped."""
+    cannot be made to write just one, so the calls after it are dropped. A model with no format of
+    its own (`generic`) writes text, streamed as it comes, or one JSON call (generic_tools.py),
+    held until it is complete; a JSON answer (a response_format) is held too, then given whole."""
 
     def __init__(self, engine: Engine, prompt: list[int], tools: list[dict] | None, *,
                  one_call: bool = False):
@@ -123,9 +132,13 @@ class Splitter:
         self.state = self.machine.make_state(initial) if self.machine else None
         self.tool_text = ""
         self.called = 0  # tool calls made
+        self.generic = bool(tools) and not can_call(engine)  # the routes gave tools: a chat model
+        self.held: str | None = ""  # generic: the answer so far while it may be a call; None: text
 
     def add(self, text: str, last: bool) -> Parts:
         """The Parts of `text`; `last` flushes what may still have been a control sequence."""
+        if self.generic:
+            return self._generic(text, last)
         if self.machine is None:
             return Parts(text)
         self.state, segments = TextStateMachine.split(self.state, text)
@@ -148,6 +161,20 @@ class Splitter:
             calls, content = self._call(calls, content)
         return Parts(content, reasoning, tuple(calls))
 
+    def _generic(self, text: str, last: bool) -> Parts:
+        if self.held is None:
+            return Parts(text)
+        self.held += text
+        start = self.held.lstrip()[:1]
+        if start and start != "{":  # text: the grammar allows no call after it
+            text, self.held = self.held, None
+            return Parts(text)
+        if not last:
+            return Parts()
+        text, self.held = self.held, None
+        call = generic_tools.parse_call(text)
+        return Parts(text) if call is None else Parts(tool_calls=(self._record(call),))
+
     def _call(self, calls: list[dict], content: str) -> tuple[list[dict], str]:
         text, self.tool_text = self.tool_text, ""
         try:
@@ -160,11 +187,15 @@ class Splitter:
                 _log.info("a further tool call (%s) was dropped: the request allows one per turn",
                           call.get("name"))
                 continue
-            arguments = call.get("arguments", {})
-            calls.append({"index": self.called, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-                          "type": "function",
-                          "function": {"name": call["name"],
-                                       "arguments": arguments if isinstance(arguments, str)
-                                       else json.dumps(arguments, ensure_ascii=False)}})
-            self.called += 1
+            calls.append(self._record(call))
         return calls, content
+
+    def _record(self, call: dict) -> dict:
+        """A parsed call (`name`, `arguments`, maybe `id`) as OpenAI's tool call, counted."""
+        arguments = call.get("arguments", {})
+        self.called += 1
+        return {"index": self.called - 1, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": call["name"],
+                             "arguments": arguments if isinstance(arguments, str)
+                             else json.dumps(arguments, ensure_ascii=False)}}

@@ -8,15 +8,20 @@ Chat completions' `response_format` (`{"type": "json_schema", "json_schema": {"n
 naming the field; a schema that does not compile is a 400 naming the field that holds it
 (`response_format.json_schema.schema`, `text.format.schema`, `output_config.format.schema`) with
 llguidance's reason. `strict` false is honoured as true: the output always obeys the schema.
+With tools too, the schema holds the text answer: a model calling tools in generic_tools.py's
+format answers in it or calls a tool; one with its own format cannot write a call in that turn
+(the grammar allows none of its markup).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal, Optional
 
 from pydantic import Field
 
 from specgen.errors import ModelError, SettingError
+from specgen.serve.generic_tools import answer_format
 from specgen.serve.schema import Generation, Lenient, Schema, Strict, bad, setting_error, tagged
 from specgen.structured.formats import Format, parse
 
@@ -89,15 +94,19 @@ def read(value, where: str) -> tuple[Format | None, str]:
     return fmt, f"{where}.json_schema.schema" if "json_schema" in raw else f"{where}.schema"
 
 
-def check_format(engine, generation: Generation) -> None:
-    """Compile the request's format for `engine`'s tokenizer (cached per format, thread-safe): a
-    400 naming the field when it does not compile, before the request is queued."""
-    fmt = generation.options.response_format
-    if fmt is None:
-        return
+def constrained(engine, generation: Generation, generic: list[dict] | None = None) -> Generation:
+    """`generation` with its format compiled for `engine`'s tokenizer (cached per format,
+    thread-safe), before the request is queued: a 400 naming the field when it does not compile.
+    `generic`: tools the model calls in generic_tools.py's format, which then holds the answer."""
+    field, fmt = generation.format_field or "tools", generation.options.response_format
     try:
-        engine.grammars.compile(fmt)
+        if fmt is not None:
+            engine.grammars.compile(fmt)
+        if generic:
+            field = "tools"
+            fmt = answer_format(generic, fmt, engine.grammars.compile)
     except SettingError as e:
-        raise bad(generation.format_field, e.requirement) from None
+        raise bad(field, e.requirement) from None
     except ModelError as e:  # a tokenizer llguidance cannot read: this model cannot constrain
-        raise bad(generation.format_field, f"cannot be used with this model: {e}") from None
+        raise bad(field, f"cannot be used with this model: {e}") from None
+    return replace(generation, options=replace(generation.options, response_format=fmt))

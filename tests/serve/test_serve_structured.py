@@ -8,16 +8,19 @@ same prompt of the same conversation). The speculating servers draft a fixed 4 t
 every answer is verified against drafts whatever the cost curve says (on 2 CPU cores the adaptive
 drafter would decode SmolLM2 plainly). On the demo model: rows with different schemas batched
 together each equal their solo run, an answer cut by max_tokens says so in every API, and every bad
-format is a 400 naming its field, the server answering after it.
+format is a 400 naming its field, the server answering after it. Tools for a chat model whose
+tool-calling format mlx-lm does not know (SmolLM2's tokenizer and template, a model reciting its
+answer): a generic JSON call comes back as each API's tool call, streamed or not, and text as text.
 """
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import httpx
 import pytest
-from conftest import needs_smollm2
+from conftest import SHARED, SMOLLM2, TOOLS, Recited, needs_smollm2, needs_tokenizers
 from pydantic import BaseModel, ConfigDict, Field
 from servers import anthropic_client, client, error_message, running
 
@@ -32,6 +35,7 @@ class Answer(BaseModel):
 
 
 QUESTION = [{"role": "user", "content": "What colour is the sky? Answer as JSON."}]
+TOOL_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 def schema_of(model: type[BaseModel]) -> dict:
@@ -212,3 +216,78 @@ def test_a_bad_format_is_a_400_naming_its_field_and_the_server_answers_after(dem
 GOOD = {"/v1/chat/completions": {"response_format": {"type": "json_object"}},
         "/v1/responses": {"text": {"format": {"type": "json_object"}}},
         "/v1/messages": {"output_config": {"format": {"type": "json_schema", "schema": Hero.model_json_schema()}}}}
+
+
+CALL = '{"tool_call":{"name":"get_weather","arguments":{"city":"Paris"}}}'
+
+
+def reciter(folder, said: str):
+    """An engine with SmolLM2's tokenizer and chat template (mlx-lm knows no tool-calling format
+    for it) whose model answers QUESTION with TOOLS, described in generic_tools' way, by reciting
+    `said`, then its end-of-turn token."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from specgen.engine import registry
+    from specgen.engine.engine import Engine
+    from specgen.serve.generic_tools import described
+
+    shutil.copy(SHARED / "tokenizers" / "smollm2" / "tokenizer.json", folder)
+    shutil.copy(SMOLLM2 / "tokenizer_config.json", folder)
+    tokenizer = load_tokenizer(folder)
+    assert not tokenizer.has_tool_calling
+    prompt = tokenizer.apply_chat_template(described(TOOL_QUESTION, TOOLS), add_generation_prompt=True)
+    script = tokenizer.encode(said, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return Engine(registry.wrap(Recited(script, len(prompt), len(tokenizer.get_vocab())), tokenizer))
+
+
+@pytest.fixture(scope="module")
+def generic(tmp_path_factory):
+    """(the URL of a server whose model calls get_weather, that of one whose model answers in text)."""
+    calling = reciter(tmp_path_factory.mktemp("calls"), CALL)
+    talking = reciter(tmp_path_factory.mktemp("talks"), "It is sunny.")
+    with running(calling, model_name="generic", draft=DRAFT) as (url, _):
+        with running(talking, model_name="generic", draft=DRAFT) as (text_url, _):
+            yield url, text_url
+
+
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+@needs_smollm2
+@needs_tokenizers
+def test_a_model_with_no_tool_format_calls_tools_in_the_generic_one_in_every_api(generic):
+    url, text_url = generic
+    c, a = client(url), anthropic_client(url)
+    whole = c.chat.completions.create(model="m", messages=TOOL_QUESTION, tools=TOOLS, max_tokens=60)
+    (call,) = whole.choices[0].message.tool_calls
+    assert whole.choices[0].finish_reason == "tool_calls" and not whole.choices[0].message.content
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    chunks = list(c.chat.completions.create(model="m", messages=TOOL_QUESTION, tools=TOOLS, max_tokens=60, stream=True))
+    streamed = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or ()]
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in streamed] == [("get_weather", {"city": "Paris"})]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    created = a.messages.create(model="m", messages=TOOL_QUESTION, tools=ANTHROPIC_TOOLS, max_tokens=60)
+    with a.messages.stream(model="m", messages=TOOL_QUESTION, tools=ANTHROPIC_TOOLS, max_tokens=60) as s:
+        streamed_message = s.get_final_message()
+    for message in (created, streamed_message):
+        assert message.stop_reason == "tool_use" and [b.type for b in message.content] == ["tool_use"]
+        assert (message.content[0].name, message.content[0].input) == ("get_weather", {"city": "Paris"})
+    response = c.responses.create(model="m", input=TOOL_QUESTION, tools=RESPONSES_TOOLS, max_output_tokens=60)
+    assert [(o.type, o.name, json.loads(o.arguments)) for o in response.output] == [
+        ("function_call", "get_weather", {"city": "Paris"})]
+
+    # the call and its result go back into the conversation, as the model wrote and reads them
+    follow = [*TOOL_QUESTION, whole.choices[0].message.model_dump(exclude_none=True),
+              {"role": "tool", "tool_call_id": call.id, "content": "18 C"}]
+    assert c.chat.completions.create(model="m", messages=follow, tools=TOOLS, max_tokens=3).usage.prompt_tokens > \
+        whole.usage.prompt_tokens
+    # with a schema too, the answer is the schema's JSON or a call (OpenAI's rule)
+    fmt = {"type": "json_schema", "json_schema": {"name": "Answer", "schema": schema_of(Answer)}}
+    both = c.chat.completions.create(model="m", messages=TOOL_QUESTION, tools=TOOLS, response_format=fmt, max_tokens=60)
+    assert both.choices[0].message.tool_calls[0].function.name == "get_weather"
+    text = client(text_url).chat.completions.create(model="m", messages=TOOL_QUESTION, tools=TOOLS, max_tokens=60)
+    assert text.choices[0].message.content == "It is sunny." and not text.choices[0].message.tool_calls
+    assert text.choices[0].finish_reason == "stop"
