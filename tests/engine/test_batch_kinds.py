@@ -17,6 +17,7 @@ from specgen.draft.drafter import make_drafter
 from specgen.engine import batch_kv
 from specgen.engine.batch import Batch
 from specgen.engine.batch_cost import Pricing, measure
+from specgen.engine.batch_probe import padding_unsupported
 from specgen.engine.sampling import make_selector
 from specgen.errors import InputError
 
@@ -117,6 +118,11 @@ def test_near_tied_rows_are_confirmed_alone_and_exact(arch):
 def test_a_model_whose_state_layers_read_padding_is_refused_by_name():
     with pytest.raises(InputError, match="cannot run in a batch: its state layers read the padding"):
         Batch(tiny_model("mamba"))
+    # In low precision too, where batched and single-sequence states differ in more than the last bits.
+    for arch, reads in (("mamba", True), ("mamba2", False)):
+        model = tiny_model(arch)
+        model.set_dtype(mx.bfloat16)
+        assert (padding_unsupported(model) is not None) == reads
 
 
 def test_the_server_probe_batches_these_kinds_and_names_what_it_refuses():
