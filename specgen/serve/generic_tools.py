@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections import OrderedDict
 from typing import Any
 
 from specgen.errors import SettingError
 from specgen.structured.formats import JSON_OPTIONS, Format
+from specgen.structured.grammar import KEPT
 
 _log = logging.getLogger("specgen.serve")
+# (a model's grammars, a strict call format) that failed to compile: agents resend the same tools
+# every turn, so each set is tried and logged once
+_FAILED: OrderedDict = OrderedDict()
 KEY = "tool_call"
 INSTRUCTIONS = ("To call one of these tools, answer with only a JSON object: "
                 '{"tool_call": {"name": "<the tool\'s name>", "arguments": {<its arguments>}}}. '
@@ -68,11 +74,19 @@ def answer_format(tools: list[dict], fmt: Format | None, compile_: Any) -> Forma
     """The grammar of the answer: text or a call (`fmt` None), else `fmt`'s JSON or a call.
     `compile_` compiles a Format (SettingError if it cannot): a tool schema that fails leaves
     every call's arguments any JSON object."""
-    try:
-        return _compiled(_format(tools, fmt, strict=True), compile_)
-    except SettingError as e:
-        _log.warning("the tools' schemas do not compile (%s): their calls' arguments are any JSON object", e)
-        return _compiled(_format(tools, fmt, strict=False), compile_)
+    strict = _format(tools, fmt, strict=True)
+    key = (getattr(compile_, "__self__", None), strict)
+    if key not in _FAILED:
+        try:
+            return _compiled(strict, compile_)
+        except SettingError as e:
+            found = re.search(r"JSON schema: ([^\n]*)", e.requirement)  # the reason, not the grammar
+            why = (found.group(1) if found else e.requirement.splitlines()[0])[:300]
+            _log.warning("the tools' schemas do not compile (%s): their calls' arguments are any JSON object", why)
+            _FAILED[key] = None
+            if len(_FAILED) > KEPT:
+                _FAILED.popitem(last=False)
+    return _compiled(_format(tools, fmt, strict=False), compile_)
 
 
 def _compiled(f: Format, compile_) -> Format:
