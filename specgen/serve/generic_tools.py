@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -27,6 +28,7 @@ _log = logging.getLogger("specgen.serve")
 # (a model's grammars, a strict call format) that failed to compile: agents resend the same tools
 # every turn, so each set is tried and logged once
 _FAILED: OrderedDict = OrderedDict()
+_LOCK = threading.Lock()
 KEY = "tool_call"
 INSTRUCTIONS = ("To call one of these tools, answer with only a JSON object: "
                 '{"tool_call": {"name": "<the tool\'s name>", "arguments": {<its arguments>}}}. '
@@ -83,9 +85,10 @@ def answer_format(tools: list[dict], fmt: Format | None, compile_: Any) -> Forma
             found = re.search(r"JSON schema: ([^\n]*)", e.requirement)  # the reason, not the grammar
             why = (found.group(1) if found else e.requirement.splitlines()[0])[:300]
             _log.warning("the tools' schemas do not compile (%s): their calls' arguments are any JSON object", why)
-            _FAILED[key] = None
-            if len(_FAILED) > KEPT:
-                _FAILED.popitem(last=False)
+            with _LOCK:  # requests are checked on several threads
+                _FAILED[key] = None
+                if len(_FAILED) > KEPT:
+                    _FAILED.popitem(last=False)
     return _compiled(_format(tools, fmt, strict=False), compile_)
 
 
