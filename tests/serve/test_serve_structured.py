@@ -22,7 +22,7 @@ import httpx
 import pytest
 from conftest import SHARED, SMOLLM2, TOOLS, Recited, needs_smollm2, needs_tokenizers
 from pydantic import BaseModel, ConfigDict, Field
-from servers import anthropic_client, client, error_message, running
+from servers import anthropic_client, client, error_message, health, running
 
 DRAFT = 4  # fixed drafts: every step verifies some
 
@@ -211,6 +211,7 @@ def test_a_bad_format_is_a_400_naming_its_field_and_the_server_answers_after(dem
         assert message.startswith(f"{param}: ") and words in message, message
         ok = http.post(path, json={"model": "demo", **PROMPTS[path], **fields, **GOOD[path]})
         assert ok.status_code == 200, ok.text
+    assert health(url)["failed"] == 0  # refused before the queue: the worker never saw it
 
 
 GOOD = {"/v1/chat/completions": {"response_format": {"type": "json_object"}},
