@@ -30,6 +30,7 @@ _log = logging.getLogger("specgen.serve")
 _FAILED: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
 KEY = "tool_call"
+OPENING = f'{{"{KEY}":'  # how every call opens (compact JSON, after any whitespace)
 INSTRUCTIONS = ("To call one of these tools, answer with only a JSON object: "
                 '{"tool_call": {"name": "<the tool\'s name>", "arguments": {<its arguments>}}}. '
                 "The result comes back in the next message. Otherwise, answer in plain text.")

@@ -117,8 +117,8 @@ class Splitter:
     each tool call once it is complete. With `one_call` (the request allows one call per turn:
     parallel_tool_calls false, disable_parallel_tool_use) only the first call is kept: a model
     cannot be made to write just one, so the calls after it are dropped. A model with no format of
-    its own (`generic`) writes text, streamed as it comes, or one JSON call (generic_tools.py),
-    held until it is complete; a JSON answer (a response_format) is held too, then given whole."""
+    its own (`generic`) writes text (or a response_format's JSON), streamed once it cannot be a
+    call, or one JSON call (generic_tools.py), held until it is complete."""
 
     def __init__(self, engine: Engine, prompt: list[int], tools: list[dict] | None, *,
                  one_call: bool = False):
@@ -165,9 +165,9 @@ class Splitter:
         if self.held is None:
             return Parts(text)
         self.held += text
-        start = self.held.lstrip()[:1]
-        if start and start != "{":  # text: the grammar allows no call after it
-            text, self.held = self.held, None
+        said = self.held.lstrip()
+        if said and not (generic_tools.OPENING.startswith(said) or said.startswith(generic_tools.OPENING)):
+            text, self.held = self.held, None  # no call (text, or a response_format's JSON): stream it
             return Parts(text)
         if not last:
             return Parts()
