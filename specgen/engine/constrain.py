@@ -5,10 +5,12 @@ Plain constrained decoding chooses, at each position, what the selector chooses 
 with every token the grammar forbids masked out. Here:
 - drafts are cut where the grammar would refuse them, and the tokens it forces next (llguidance's
   fast-forward tokens) open the draft: they are verified like any draft, never emitted unchecked;
-- a verified row needs no mask where the selector's unmasked choice is allowed: masking only
-  lowers forbidden tokens, so greedy's argmax, and a temperature-only sample (its noise keyed by
-  position, its log-probabilities shifted alike for every allowed token), stay the same. Only a
+- a verified row's logits need no mask where the selector's unmasked choice is allowed: masking
+  only lowers forbidden tokens, so greedy's argmax, and a temperature-only sample (its noise keyed
+  by position, its log-probabilities shifted alike for every allowed token), stay the same. Only a
   forbidden choice is chosen again from the masked row (as llama.cpp checks the choice first).
+  "Allowed" is the mask's word, computed on the host: where bytes are forced it allows only their
+  canonical tokens, where the parser would take any tokenization.
   With top-p / top-k / min-p the filters would see another distribution: every row is masked.
 The matcher moves only with emitted tokens; drafts move it for a moment and are taken back.
 """
@@ -21,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from specgen.engine.sampling import Greedy, Sampler, Selector, Verified, read
-from specgen.structured.grammar import Matcher
+from specgen.structured.grammar import Matcher, allowed
 
 # Data, not a lazy mx.arange: a lazy array belongs to the importing thread's stream, and a
 # server decodes on its worker thread.
@@ -72,9 +74,9 @@ class Constraint:
             for i in range(len(tokens)):
                 if i >= trusted:
                     break
-                if not self.matcher.allows(tokens[i]):
-                    again = read(self.selector.verdict(masked(rows[i : i + 1], [self.matcher.bitmask()]),
-                                                       position + i))
+                mask = self.matcher.bitmask()
+                if not allowed(mask, tokens[i]):
+                    again = read(self.selector.verdict(masked(rows[i : i + 1], [mask]), position + i))
                     tokens[i] = again.tokens[0]
                     if again.trusted == 0:
                         trusted = i
@@ -94,11 +96,12 @@ class Constraint:
         the selector's unmasked pick from the same row, if it was already read."""
         self.matcher.advance(after)
         try:
+            mask = self.matcher.bitmask()
             if self.first:
                 token = self.selector.pick(logits, history, position).item() if chosen is None else chosen
-                if self.matcher.allows(token):
+                if allowed(mask, token):
                     return token
-            return self.selector.pick(masked(logits[None], [self.matcher.bitmask()])[0], history, position).item()
+            return self.selector.pick(masked(logits[None], [mask])[0], history, position).item()
         finally:
             self.matcher.back(len(after))
 

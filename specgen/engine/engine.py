@@ -197,7 +197,10 @@ class Engine:
                          found.curve if found else None)
         stats.draft_mode, stats.temp = str(mode), opts.temp
         stats.seed, stats.cached_tokens = getattr(selector, "seed", None), request.cached
-        return Plan(drafter, selector, mode.cap, request.off or (found.off if found else None),
+        # A grammar's forced tokens are near-certain drafts: they pay where the drafter's own cannot
+        # on average, which it still weighs draft by draft.
+        off = request.off or (found.off if found and constraint is None else None)
+        return Plan(drafter, selector, mode.cap, off,
                     found.queue_after if found else None, found.prices if found else None,
                     self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
                     request.drafter_fed if drafter is request.drafter else 0, constraint)

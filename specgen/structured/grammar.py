@@ -34,11 +34,10 @@ class Matcher:
         return self._ll.compute_ff_tokens()
 
     def valid(self, tokens: Sequence[int]) -> int:
-        """How many of `tokens`, in order, the grammar allows from here (nothing moves)."""
+        """How many of `tokens`, in order, the grammar's parser takes from here (nothing moves).
+        A superset of what the masks allow: where bytes are forced, a mask allows only their
+        canonical tokens, the parser any tokenization."""
         return self._ll.validate_tokens(list(tokens)) if tokens else 0
-
-    def allows(self, token: int) -> bool:
-        return self._ll.validate_tokens([token]) == 1
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Move past emitted tokens (each one allowed: checked by whoever chose it)."""
@@ -51,10 +50,16 @@ class Matcher:
             self._ll.rollback(n)
 
     def bitmask(self) -> np.ndarray:
-        """The tokens allowed next, one bit each (int32 words, token i at bit i % 32 of word i // 32)."""
+        """The tokens allowed next, one bit each (int32 words, token i at bit i % 32 of word i // 32):
+        what plain constrained decoding masks with."""
         mask = np.empty(self._words, dtype=np.int32)
         self._ll.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
         return mask
+
+
+def allowed(bitmask: np.ndarray, token: int) -> bool:
+    """Whether `bitmask` (Matcher.bitmask) allows `token`."""
+    return token >> 5 < len(bitmask) and bool((int(bitmask[token >> 5]) >> (token & 31)) & 1)
 
 
 class Grammars:
