@@ -40,12 +40,12 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
 class GuidanceProcessor:
-    """An mlx-lm logits processor constraining to an llguidance grammar: each call moves the matcher
-    past the tokens sampled since the last call, then masks every forbidden token."""
+    """An mlx-lm logits processor constraining to an llguidance grammar (its text): each call moves
+    the matcher past the tokens sampled since the last call, then masks every forbidden token. The
+    tests use it too: plain constrained decoding written without specgen's engine."""
 
-    def __init__(self, ll_tokenizer, schema: dict, prompt_tokens: int):
-        text = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-        self.matcher = llguidance.LLMatcher(ll_tokenizer, text, log_level=0)
+    def __init__(self, ll_tokenizer, grammar: str, prompt_tokens: int):
+        self.matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0)
         self.seen, self.host_s = prompt_tokens, 0.0
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
@@ -131,7 +131,8 @@ def main():
 
         def peer(item):
             ids, schema = item
-            proc = GuidanceProcessor(ll_tokenizer, schema, len(ids))
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            proc = GuidanceProcessor(ll_tokenizer, grammar, len(ids))
             t = timed(mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=args.max_tokens,
                                              logits_processors=[proc]))
             host["mlx-lm"].append(proc.host_s / max(len(t.tokens), 1))
