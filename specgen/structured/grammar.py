@@ -57,6 +57,11 @@ class Matcher:
         return mask
 
 
+def _first_line(reason: str) -> str:
+    """llguidance's reason on one line (a Lark error goes on to quote the line with a caret)."""
+    return reason.strip().splitlines()[0] if reason.strip() else "no reason given"
+
+
 def allowed(bitmask: np.ndarray, token: int) -> bool:
     """Whether `bitmask` (Matcher.bitmask) allows `token`."""
     return token >> 5 < len(bitmask) and bool((int(bitmask[token >> 5]) >> (token & 31)) & 1)
@@ -96,11 +101,10 @@ class Grammars:
             except ValueError as e:
                 raise SettingError("response_format", f"is not a usable {fmt.kind}: {e}") from None
             failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, vocab)
-            if failed:
-                raise SettingError("response_format", f"does not compile: {' '.join(messages)}".strip())
-            matcher = llguidance.LLMatcher(vocab, text, log_level=0)
-            if matcher.is_error():
-                raise SettingError("response_format", f"does not compile: {matcher.get_error()}")
+            matcher = None if failed else llguidance.LLMatcher(vocab, text, log_level=0)
+            if matcher is None or matcher.is_error():
+                raise SettingError("response_format", f"does not compile: "
+                                   f"{_first_line(' '.join(messages) if failed else matcher.get_error())}")
             self._compiled[fmt] = matcher
             if len(self._compiled) > KEPT:
                 self._compiled.popitem(last=False)
