@@ -9,6 +9,11 @@ Greedy; decode tok/s = tokens after the first over the seconds after the first (
 the same count for all); alternating order, ratios per round, median (min-max). Also the grammar's
 host time per step (mask, checks, forced tokens) of specgen and of the processor.
 
+`--served 1 8`: instead, `specgen serve` against `specgen serve --draft 0` (mlx_lm.server ignores
+response_format: it has no constrained peer) on SmolLM2 in float32, that many streamed chat
+requests at once with a `response_format`, each new to both servers (numbered), alternating which
+server goes first; aggregate tok/s over the round's wall time, texts identical.
+
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/structured.py \\
         [--model ../shared/models/smollm2-135m-instruct-4bit] [--dtype float32] [--rounds 2] \\
         [--max-tokens 320] [--sets extraction other] [--json FILE]
@@ -18,6 +23,7 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -92,6 +98,68 @@ def timed(responses) -> Timed:
                  [steps.counts.steps] if steps is not None else [])
 
 
+def served(levels: list[int], rounds: int, max_tokens: int, names: list[str], log_dir: Path) -> None:
+    """Each level: that many structured requests at once to each server, alternating; one line each."""
+    import openai
+    from serve import float32_model, start
+
+    model = float32_model()
+    items = [(p, schema) for name in names for p, schema in SETS[name]()]
+    procs = {}
+    try:
+        for name, extra in (("specgen", []), ("draft0", ["--draft", "0"])):
+            procs[name] = start("specgen", model, log_dir / f"structured-{name}.log", extra)
+        clients = {name: openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)
+                   for name, (_, url) in procs.items()}
+        for client in clients.values():  # calibration and first kernels, untimed
+            _at_once(client, [([{"role": "user", "content": "Warm up. " + items[-1][0]}], items[-1][1])], max_tokens)
+        n = 0
+        for level in levels:
+            tps, same = {k: [] for k in clients}, True
+            for r in range(rounds):
+                batch = []
+                for _ in range(level):
+                    p, schema = items[n % len(items)]
+                    batch.append(([{"role": "user", "content": f"Request {n}. {p}"}], schema))
+                    n += 1
+                texts = {}
+                for name in (list(clients) if r % 2 == 0 else list(clients)[::-1]):
+                    start_s = time.perf_counter()
+                    got = _at_once(clients[name], batch, max_tokens)
+                    tps[name].append(sum(g["tokens"] for g in got) / (time.perf_counter() - start_s))
+                    texts[name] = [g["text"] for g in got]
+                same = same and texts["specgen"] == texts["draft0"]
+            ratio = spread([a / b for a, b in zip(tps["specgen"], tps["draft0"])])
+            print(json.dumps({"served_clients": level, "rounds": rounds, "vs_draft0": ratio, "blas": blas(),
+                              "tps": {k: statistics.median(v) for k, v in tps.items()},
+                              "texts_identical": same}), flush=True)
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait()
+
+
+def _at_once(client, batch: list[tuple[list[dict], dict]], max_tokens: int) -> list[dict]:
+    """Every (messages, schema) request sent at the same moment, each from its own thread."""
+    out: list[dict | None] = [None] * len(batch)
+    gate = threading.Barrier(len(batch))
+
+    def one(i: int) -> None:
+        messages, schema = batch[i]
+        gate.wait()
+        reply = client.chat.completions.create(
+            model="default_model", messages=messages, max_tokens=max_tokens, temperature=0.0,
+            response_format={"type": "json_schema", "json_schema": {"name": "out", "schema": schema}})
+        out[i] = {"text": reply.choices[0].message.content, "tokens": reply.usage.completion_tokens}
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(batch))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(SHARED / "models" / "smollm2-135m-instruct-4bit"))
@@ -101,7 +169,10 @@ def main():
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
     ap.add_argument("--limit", type=int, default=0, help="at most this many prompts a set (0: all)")
     ap.add_argument("--json", help="append one JSON line per set to this file")
+    ap.add_argument("--served", type=int, nargs="*", help="client counts: time served requests instead")
     args = ap.parse_args()
+    if args.served:
+        return served(args.served, args.rounds, args.max_tokens, args.sets, Path("/tmp"))
 
     model, tokenizer = specgen.load(args.model, dtype=args.dtype)
     ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer._tokenizer)
