@@ -111,14 +111,15 @@ class Engine:
             self._grammars = Grammars(self.loaded.tokenizer, self.loaded.stop_ids)
         return self._grammars
 
-    def constraint(self, opts: Options, selector: Selector) -> Constraint | None:
-        """The grammar `opts.response_format` asks for, fresh for one generation (None: none)."""
+    def constraint(self, opts: Options, selector: Selector, prompt: Sequence[int] = ()) -> Constraint | None:
+        """The grammar `opts.response_format` asks for, fresh for one generation from `prompt`
+        (None: none)."""
         if opts.response_format is None:
             return None
         if isinstance(selector, MlxLmSampling):
             raise SettingError("response_format", "cannot be combined with an mlx-lm sampler or "
                                                   "logits_processors: pass temp/top_p/top_k/min_p/seed")
-        return Constraint(self.grammars.matcher(opts.response_format), selector)
+        return Constraint(self.grammars.matcher(opts.response_format, prompt), selector)
 
     def costs(self, recalibrate: bool = False):
         """The model's verify cost on this machine (calibrate.model_costs), measured at most once."""
@@ -181,7 +182,7 @@ class Engine:
         opts.check()  # the caller reported the warnings
         selector = request.selector or make_selector(opts.temp, top_p=opts.top_p, top_k=opts.top_k,
                                                      min_p=opts.min_p, seed=opts.seed)
-        constraint = self.constraint(opts, selector)
+        constraint = self.constraint(opts, selector, request.ids)
         found = self.costs() if opts.draft is None and not request.off and request.selector is None else None
         prediction = request.prediction
         if isinstance(prediction, str):

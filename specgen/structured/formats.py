@@ -6,6 +6,11 @@ One record for every way of asking: OpenAI chat's `response_format` (`{"type": "
 a Pydantic model class, and specgen's own `{"type": "grammar", "grammar": LARK}` and
 `{"type": "regex", "regex": ...}` (CLI `--grammar`). `grammar_text` turns a Format into
 llguidance's grammar; whether that compiles is grammar.py's to say (it needs the tokenizer).
+
+A reasoning model's thinking is not constrained, its answer is (as vLLM's reasoning parsers do):
+given the model's `Thinking` markers, a schema or regex applies after the thinking block (which
+the model may skip, or is inside already when the prompt opened it). A Lark grammar is the
+caller's whole output, thinking included.
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ KINDS = ("json_schema", "json_object", "grammar", "regex")
 # (any whitespace) small models pretty-print and stray into newlines: 1.5-3x the tokens
 # (docs/design.md, "Structured outputs").
 JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+class Thinking(NamedTuple):
+    """A reasoning model's thinking markers (special tokens) and whether the prompt opened a block."""
+
+    start: str
+    end: str
+    opened: bool
 
 
 class Format(NamedTuple):
@@ -73,8 +86,22 @@ def _canonical(schema) -> str:
     return json.dumps(schema, separators=(",", ":"))
 
 
-def grammar_text(fmt: Format) -> str:
-    """llguidance's grammar for `fmt` (not yet checked: see grammar.Grammars)."""
+def grammar_text(fmt: Format, thinking: Thinking | None = None) -> str:
+    """llguidance's grammar for `fmt` (not yet checked: see grammar.Grammars), after the thinking
+    block of a model with `thinking` markers."""
+    if thinking is not None and fmt.kind != "grammar":
+        # Thinking text can hold anything but the end marker (a special token, which no regex
+        # matches), and the answer follows it.
+        if fmt.kind == "regex":
+            answer = "/" + llguidance.regex_to_lark(fmt.source) + "/"
+        else:
+            schema = json.loads(fmt.source) if fmt.kind == "json_schema" else {"type": "object"}
+            if isinstance(schema, dict):
+                schema = {**schema, "x-guidance": {**JSON_OPTIONS, **schema.get("x-guidance", {})}}
+            answer = "%json " + json.dumps(schema)
+        start = (f"start: THINK {thinking.end} answer" if thinking.opened
+                 else f"start: think? answer\nthink: {thinking.start} THINK {thinking.end}")
+        return llguidance.LLMatcher.grammar_from_lark(f"{start}\nTHINK: /(?s:.*)/\nanswer: {answer}\n")
     if fmt.kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     if fmt.kind == "json_schema":

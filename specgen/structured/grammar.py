@@ -17,7 +17,7 @@ import llguidance
 import numpy as np
 
 from specgen.errors import ModelError, SettingError
-from specgen.structured.formats import Format, grammar_text
+from specgen.structured.formats import Format, Thinking, grammar_text
 
 KEPT = 64  # compiled formats kept per model (least recently used dropped first)
 
@@ -73,7 +73,7 @@ class Grammars:
     def __init__(self, tokenizer, stop_ids: Sequence[int] = ()):
         self._tokenizer, self._stop_ids = tokenizer, sorted(stop_ids)
         self._ll_tokenizer = None
-        self._compiled: OrderedDict[Format, llguidance.LLMatcher] = OrderedDict()
+        self._compiled: OrderedDict[tuple, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.RLock()
 
     def _vocabulary(self) -> llguidance.LLTokenizer:
@@ -88,16 +88,28 @@ class Grammars:
                                  f"(a fast Hugging Face tokenizer): {type(hf).__name__}: {e}") from None
         return self._ll_tokenizer
 
-    def compile(self, fmt: Format) -> llguidance.LLMatcher:
-        """The compiled matcher of `fmt` at its start (checked once; SettingError if it fails)."""
+    def thinking(self, prompt: Sequence[int] = ()) -> Thinking | None:
+        """The model's thinking markers where mlx-lm knows them (one special token each), and
+        whether `prompt` ends inside a thinking block; None for other models."""
+        tok = self._tokenizer
+        if not getattr(tok, "has_thinking", False) or len(tok.think_start_tokens or ()) != 1 \
+                or len(tok.think_end_tokens or ()) != 1:
+            return None
+        return Thinking(tok.think_start, tok.think_end,
+                        bool(prompt) and tok.rfind_think_start(prompt) > tok.rfind_think_end(prompt))
+
+    def compile(self, fmt: Format, thinking: Thinking | None = None) -> llguidance.LLMatcher:
+        """The compiled matcher of `fmt` (after `thinking`'s block) at its start (checked once;
+        SettingError if it fails)."""
+        key = (fmt, thinking)
         with self._lock:
-            found = self._compiled.get(fmt)
+            found = self._compiled.get(key)
             if found is not None:
-                self._compiled.move_to_end(fmt)
+                self._compiled.move_to_end(key)
                 return found
             vocab = self._vocabulary()
             try:
-                text = grammar_text(fmt)
+                text = grammar_text(fmt, thinking)
             except ValueError as e:
                 raise SettingError("response_format", f"is not a usable {fmt.kind}: {e}") from None
             failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, vocab)
@@ -105,13 +117,14 @@ class Grammars:
             if matcher is None or matcher.is_error():
                 raise SettingError("response_format", f"does not compile: "
                                    f"{_first_line(' '.join(messages) if failed else matcher.get_error())}")
-            self._compiled[fmt] = matcher
+            self._compiled[key] = matcher
             if len(self._compiled) > KEPT:
                 self._compiled.popitem(last=False)
             return matcher
 
-    def matcher(self, fmt: Format) -> Matcher:
-        """A fresh matcher at the start of `fmt`, for one generation."""
+    def matcher(self, fmt: Format, prompt: Sequence[int] = ()) -> Matcher:
+        """A fresh matcher at the start of `fmt`, for one generation from `prompt` (a reasoning
+        model's thinking left free)."""
         with self._lock:
-            fresh = self.compile(fmt).deep_copy()
+            fresh = self.compile(fmt, self.thinking(prompt)).deep_copy()
         return Matcher(fresh, (self._ll_tokenizer.vocab_size + 31) // 32)

@@ -12,7 +12,7 @@ import jsonschema
 import llguidance.hf
 import mlx.core as mx
 import pytest
-from conftest import needs_smollm2
+from conftest import SMOLLM2, needs_smollm2
 from mlx_lm.generate import generate_step
 
 import specgen
@@ -199,3 +199,31 @@ def test_smollm2_json_extraction_is_plain_constrained_decoding(smollm2_engine):
     assert got == expected
     jsonschema.validate(json.loads(tok.decode(expected)), schema)
     assert last.stats.counts.steps < len(expected)  # the keys are forced, the values copied
+
+
+@needs_smollm2
+def test_a_reasoning_model_thinks_freely_and_its_answer_obeys(tmp_path):
+    """With the model's thinking markers (special tokens mlx-lm knows), a schema holds the answer
+    after the thinking block, which may be skipped, or is open already when the prompt opened it."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+    from transformers import AutoTokenizer
+
+    from specgen.structured.grammar import Grammars
+
+    hf = AutoTokenizer.from_pretrained(str(SMOLLM2))
+    hf.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    hf.save_pretrained(tmp_path)
+    tok = load_tokenizer(tmp_path)
+    assert tok.has_thinking
+    grammars = Grammars(tok, [tok.eos_token_id])
+    fmt = parse({"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+                                                   "required": ["a"]}})
+    enc = lambda text: tok.encode(text, add_special_tokens=False)
+    thought, answer = enc('<think>maybe {"b": 1}?</think>'), enc('{"a":5}')
+    fresh = grammars.matcher(fmt, enc("Hi"))
+    assert fresh.valid(thought + answer) == len(thought + answer) and fresh.valid(answer) == len(answer)
+    assert fresh.valid(enc('{"b":1}')) < len(enc('{"b":1}'))  # the answer is held
+    opened = grammars.matcher(fmt, enc("Hi <think>"))
+    inside = enc('maybe {"b": 1}?</think>')
+    assert opened.valid(inside + answer) == len(inside + answer)
+    assert opened.valid(thought) < len(thought)  # already inside: no second opening
