@@ -171,10 +171,11 @@ class Batch:
         again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
         judged = [r.judge(logits[r.place, a : a + len(d) + 1], d)
                   for r, d, a in zip(self.rows, drafts, again)]
-        # A near-tied row keeps the entries up to the tied position's input, fed again alone below.
+        # A near-tied row keeps the entries up to the tied position's input, fed again alone below
+        # (a row with states keeps them short of it: they cannot drop it, and are restored).
         kept = [0] * self.cache.rows
         for r, (tokens, _, tied), a in zip(self.rows, judged, again):
-            kept[r.place] = a + len(tokens) + (tied is not None)
+            kept[r.place] = a + len(tokens) + (tied is not None and not self.cache.states)
         self.cache.commit(width, kept)
         events, done = [], set()
         for i, (r, d, (tokens, matched, tied)) in enumerate(zip(self.rows, drafts, judged)):
