@@ -13,9 +13,12 @@ _FIRMS = ["Northwind Traders Ltd.", "Blue Harbor Supply", "Kessler & Sons GmbH",
           "Summit Parts Co.", "Redwood Analytics", "Delta Components", "Helios Foods"]
 _CITIES = [("Bristol", "United Kingdom", "GBP"), ("Lyon", "France", "EUR"), ("Austin", "United States", "USD"),
            ("Hamburg", "Germany", "EUR"), ("Leeds", "United Kingdom", "GBP"), ("Denver", "United States", "USD")]
-_S = {"type": "string"}
-_N = {"type": "number"}
-_I = {"type": "integer"}
+# Strings are bounded, as real extraction schemas bound them: a 135M model copying a long number
+# can repeat its digits until max_tokens, which measures a loop, not extraction.
+_S = {"type": "string", "maxLength": 48}
+_DATE = {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}
+_N = {"type": "number", "minimum": 0, "maximum": 100000}
+_I = {"type": "integer", "minimum": 0, "maximum": 999}
 
 
 def _object(fields: dict) -> dict:
@@ -23,12 +26,12 @@ def _object(fields: dict) -> dict:
 
 
 INVOICE = _object({
-    "invoice_number": _S, "issue_date": _S, "due_date": _S, "vendor_name": _S, "vendor_city": _S,
+    "invoice_number": _S, "issue_date": _DATE, "due_date": _DATE, "vendor_name": _S, "vendor_city": _S,
     "vendor_country": _S, "customer_name": _S, "customer_email": _S, "customer_company": _S,
     "po_number": _S, "line_items": _I, "subtotal": _N, "tax_rate_percent": _N, "tax": _N, "total": _N,
     "currency": {"enum": ["EUR", "USD", "GBP"]}, "payment_terms": _S, "notes": _S})
 SHIPMENT = _object({
-    "tracking_number": _S, "carrier": _S, "ship_date": _S, "expected_delivery": _S, "sender_company": _S,
+    "tracking_number": _S, "carrier": _S, "ship_date": _DATE, "expected_delivery": _DATE, "sender_company": _S,
     "sender_city": _S, "recipient_name": _S, "recipient_company": _S, "recipient_city": _S,
     "recipient_country": _S, "packages": _I, "weight_kg": _N, "declared_value": _N,
     "currency": {"enum": ["EUR", "USD", "GBP"]}, "signature_required": {"type": "boolean"},
