@@ -44,7 +44,7 @@ class RaggedKVCache:
 
     def make_mask(self, n: int, return_array: bool = False, window_size=None):
         window = window_size or self.window
-        return self.slots.mask if window is None else self.slots.window_mask(window)[..., self.base:]
+        return self.slots.mask if window is None else self.slots.window_mask(window, self.base)
 
     def is_trimmable(self) -> bool:
         return False  # rows end where `slots` says; trimming all rows at once would be wrong

@@ -22,7 +22,7 @@ class Slots:
         # them; None where every row feeds the step's whole width (the unmasked path, as alone).
         self.widths: mx.array | None = None
         self._step = np.zeros((0, 0, 0), dtype=bool)  # the step's mask, (rows, T, end + T)
-        self._windows: dict[int, mx.array] = {}
+        self._windows: dict[tuple[int, int], mx.array] = {}
 
     @property
     def end(self) -> int:
@@ -40,17 +40,19 @@ class Slots:
         self.widths = None if min(widths) == width else mx.array(widths, mx.int32)
         self._windows = {}
 
-    def window_mask(self, window: int) -> mx.array:
+    def window_mask(self, window: int, base: int = 0) -> mx.array:
         """This step's mask for a layer that sees the last `window` positions (the query's own
-        included), as mlx-lm's sliding-window masks: by each row's positions, not by slots."""
-        if window not in self._windows:
+        included), as mlx-lm's sliding-window masks: by each row's positions, not by slots;
+        over the slots from `base` on (a window layer holds no earlier ones)."""
+        if (window, base) not in self._windows:
             width = self._step.shape[1]
             lengths = np.asarray(self.lengths)[:, None]
-            keys = np.concatenate([np.cumsum(self.held, axis=1) - 1, lengths + np.arange(width)], axis=1)
+            held = np.cumsum(self.held, axis=1)[:, base:] - 1
+            keys = np.concatenate([held, lengths + np.arange(width)], axis=1)
             queries = lengths + np.arange(width)
             near = keys[:, None, :] > queries[:, :, None] - window
-            self._windows[window] = mx.array((self._step & near)[:, None])
-        return self._windows[window]
+            self._windows[window, base] = mx.array((self._step[:, :, base:] & near)[:, None])
+        return self._windows[window, base]
 
     def commit(self, width: int, kept: Sequence[int]) -> None:
         """After a pass of `width` positions: row i keeps its first `kept[i]` fed positions."""
