@@ -87,18 +87,19 @@ def other() -> list[tuple[str, dict]]:
                                   "items": _object({"name": _S, "quantity": _S})}})),
         ("Summarise the meeting: On 12 March, Priya, Tom and Lena agreed to ship version 2.1 on 3 April. "
          "Priya will update the release notes, Tom will fix the login bug, Lena will brief support.",
-         _object({"date": _S, "attendees": {"type": "array", "items": _S},
-                  "decision": _S, "action_items": {"type": "array", "items": _object({"owner": _S, "task": _S})}})),
+         _object({"date": _S, "attendees": {"type": "array", "items": _S, "maxItems": 6}, "decision": _S,
+                  "action_items": {"type": "array", "items": _object({"owner": _S, "task": _S}), "maxItems": 6}})),
         ("Rate the sentiment of this review: 'The hotel was clean and the staff friendly, but the room "
          "was tiny and breakfast was cold.'",
          _object({"sentiment": {"enum": ["positive", "mixed", "negative"]},
                   "score": {"type": "number", "minimum": 0, "maximum": 1},
-                  "pros": {"type": "array", "items": _S}, "cons": {"type": "array", "items": _S}})),
+                  "pros": {"type": "array", "items": _S, "maxItems": 4},
+                  "cons": {"type": "array", "items": _S, "maxItems": 4}})),
         ("Describe the person: Dr. Helen Carter, 47, a marine biologist at the Plymouth Institute, "
          "lives at 5 Quay Street, Plymouth, UK, and speaks English and Portuguese.",
          _object({"name": _S, "age": _I, "job": _S, "employer": _S,
                   "address": _object({"street": _S, "city": _S, "country": _S}),
-                  "languages": {"type": "array", "items": _S}})),
+                  "languages": {"type": "array", "items": _S, "maxItems": 4}})),
         ("Turn this into a calendar event: Dentist appointment next Tuesday 14 May 2024 at 9:30 for 45 "
          "minutes at Smile Clinic, 22 Baker Lane; remind me a day before.",
          _object({"title": _S, "date": _S, "start_time": _S, "duration_minutes": _I, "location": _S,
