@@ -160,7 +160,8 @@ def serving(model: str, levels: list[int], rounds: int, max_tokens: int, max_bat
     clients = {k: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=1800)
                for k, (_, url) in servers.items()}
     try:
-        for c in clients.values():  # the first request pays for loading kernels
+        for c in clients.values():  # the first requests pay for kernels and, alone, calibration
+            at_once(c, [numbered(n := n + 1, pool)], 8)
             at_once(c, [numbered(n := n + 1, pool) for _ in range(2)], 8)
         for clients_at_once in levels:
             per = {k: [] for k in SERVERS}
