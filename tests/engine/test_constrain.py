@@ -189,13 +189,12 @@ def test_the_adaptive_drafter_constrained_through_the_engine(demo_engine):
 @needs_smollm2
 def test_smollm2_json_extraction_is_plain_constrained_decoding(smollm2_engine):
     model, tok = smollm2_engine.loaded.model, smollm2_engine.loaded.tokenizer
-    schema = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
-              "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}}}
-    ids = tok.apply_chat_template([{"role": "user", "content": "Extract as JSON: Alice Brown, 34, lives in Paris."}],
-                                  add_generation_prompt=True)
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+              "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    ids = tok.encode("Alice Brown, 34, as JSON:")  # no chat template: a 4-bit prefill is slow on a CPU
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
-    expected = reference(smollm2_engine, ids, fmt, 40)
-    got, last = tokens(model, tok, ids, max_tokens=40, response_format=fmt, draft=4)
+    expected = reference(smollm2_engine, ids, fmt, 24)
+    got, last = tokens(model, tok, ids, max_tokens=24, response_format=fmt, draft=4)
     assert got == expected
     jsonschema.validate(json.loads(tok.decode(expected)), schema)
     assert last.stats.counts.steps < len(expected)  # the keys are forced, the values copied
