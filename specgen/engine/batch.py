@@ -18,6 +18,7 @@ recomputed by a one-position pass over the row's own entries, as decode.py does.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Hashable, Iterator, Sequence
 
 import mlx.core as mx
@@ -36,11 +37,29 @@ from specgen.engine.batch_row import Row
 from specgen.engine.constrain import Constraint
 from specgen.engine.decode import PREFILL_CHUNK, check_prompt
 from specgen.engine.rollback import Rollback
-from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector, settle
+from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector, read_all, settle
 from specgen.errors import InputError
 from specgen.settings import check
 
 Event = tuple[Hashable, "Prefilled | Step"]
+
+
+@dataclass
+class Pass:
+    """A batched forward pass on the device, not read yet: its rows (in the order of its verdict's
+    columns), their drafts and tokens fed again, its logits and lazy verdict. A `plain` pass
+    (every row one token) is committed when launched; `queued`: launched behind another;
+    `dropped`: rows whose entry was taken back (they sit it out)."""
+
+    rows: list[Row]
+    drafts: list[list[int]]
+    again: list[int]
+    width: int
+    logits: mx.array
+    verdict: mx.array
+    plain: bool
+    queued: bool = False
+    dropped: set[int] = field(default_factory=set)
 PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
 
 
@@ -60,6 +79,8 @@ class Batch:
         self.waiting: list[Row] = []
         self.cache = RaggedBatch(len(make_prompt_cache(model)))
         self.rollback = Rollback(make_prompt_cache(model)).how  # as a row alone says it rolls back
+        self.queued: Pass | None = None  # a plain pass queued behind the last one, not read yet
+        self.wasted = 0  # queued passes never read: every row had left (as mlx-lm's last step)
         self.counters = BatchCounters()  # mlx-lm's: prompt and decode tokens, steps and seconds
 
     @property
@@ -113,8 +134,8 @@ class Batch:
         """Prefill up to a chunk of waiting prompts (while rows are free), then one decode pass."""
         events: list[Event] = []
         with mx.stream(generation_stream):
-            if self.waiting and len(self.rows) < self.max_rows:
-                events += self._prefill()
+            if self.waiting and len(self.rows) < self.max_rows and self.queued is None:
+                events += self._prefill()  # (joining while a pass is queued waits one step)
             if self.rows:
                 events += self._decode()
         return events
@@ -159,42 +180,99 @@ class Batch:
 
     def _decode(self) -> list[Event]:
         start = time.perf_counter()
+        cur, behind = self.queued or self._launch(), None
+        self.queued = behind = self._behind(cur)  # before `cur` is read: the device keeps busy
+        active = {id(r) for r in self.rows}  # a row cancelled since `cur` was queued is not judged
+        ours = [i for i, r in enumerate(cur.rows) if id(r) in active and i not in cur.dropped]
+        chosen = read_all(cur.verdict, [len(d) + 1 for d in cur.drafts])  # the step's one read
+        judged = {i: cur.rows[i].judge(chosen[i], cur.logits[cur.rows[i].place, a : a + len(d) + 1], d)
+                  for i in ours for d, a in [(cur.drafts[i], cur.again[i])]}
+        if not cur.plain:
+            # A near-tied row keeps the entries up to the tied position's input, fed again alone
+            # below (a row with states keeps them short of it: they cannot drop it, and are restored).
+            kept = [0] * self.cache.rows
+            for i, (tokens, _, tied) in judged.items():
+                kept[cur.rows[i].place] = cur.again[i] + len(tokens) + (tied is not None and not self.cache.states)
+            self.cache.commit(cur.width, kept)
+        events, done, index = [], set(), {id(r): j for j, r in enumerate(self.rows)}
+        for i, (tokens, matched, tied) in judged.items():
+            r, d = cur.rows[i], cur.drafts[i]
+            if tied is not None:
+                if cur.plain:  # committed at launch: take back what the tie makes wrong
+                    self._untie(r, behind)
+                tokens, matched = self._confirm(r, [*r.history, *d][r.pos - 1 + tied], d, tied)
+            step = r.finish(tokens, len(d), matched, tied is not None, cur.queued)
+            events.append((r.key, step))
+            if step.stop_reason:
+                done.add(index[id(r)])
+        self.counters.decode_time += time.perf_counter() - start
+        self.counters.generation_steps += 1
+        self.counters.generation_tokens += sum(len(s.tokens) + (s.stop_token is not None) for _, s in events)
+        if done:
+            self._leave(done)
+        # Rows are not moved while a pass is queued on their places (nor its states' marks).
+        if self.rows and self.queued is None and self.cache.untidy(joining=bool(self.waiting)):
+            where = {old: new for new, old in enumerate(self.cache.compact())}
+            for r in self.rows:
+                r.place = where[r.place]
+        return events
+
+    def _launch(self) -> Pass:
+        """This step's pass, read before the next is built: every row's last token (after any
+        accepted ones a restored state took back) and its draft. A pass where every row feeds
+        one token is committed now (each keeps it), so a pass can be queued behind it."""
         drafts = self._drafts()
         fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
         for r, d in zip(self.rows, drafts):
-            # The last token, after any accepted ones a restored state took back, then drafts.
             fed[r.place] = [*r.history[self.cache.slots.lengths[r.place]:], *d]
         width = max(map(len, fed))
         x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
         self.cache.begin([len(f) for f in fed])
         logits = self.model(x, cache=self.cache.layers)
         again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
-        judged = [r.judge(logits[r.place, a : a + len(d) + 1], d)
-                  for r, d, a in zip(self.rows, drafts, again)]
-        # A near-tied row keeps the entries up to the tied position's input, fed again alone below
-        # (a row with states keeps them short of it: they cannot drop it, and are restored).
-        kept = [0] * self.cache.rows
-        for r, (tokens, _, tied), a in zip(self.rows, judged, again):
-            kept[r.place] = a + len(tokens) + (tied is not None and not self.cache.states)
-        self.cache.commit(width, kept)
-        events, done = [], set()
-        for i, (r, d, (tokens, matched, tied)) in enumerate(zip(self.rows, drafts, judged)):
-            if tied is not None:
-                tokens, matched = self._confirm(r, fed[r.place][tied - len(d) - 1], d, tied)
-            step = r.finish(tokens, len(d), matched, tied is not None)
-            events.append((r.key, step))
-            if step.stop_reason:
-                done.add(i)
-        self.counters.decode_time += time.perf_counter() - start
-        self.counters.generation_steps += 1
-        self.counters.generation_tokens += sum(len(s.tokens) + (s.stop_token is not None) for _, s in events)
-        if done:
-            self._leave(done)
-        if self.rows and self.cache.untidy(joining=bool(self.waiting)):
-            where = {old: new for new, old in enumerate(self.cache.compact())}
-            for r in self.rows:
-                r.place = where[r.place]
-        return events
+        verdict = mx.concatenate([r.verdict(logits[r.place, a : a + len(d) + 1])
+                                  for r, d, a in zip(self.rows, drafts, again)], axis=1)
+        mx.async_eval(verdict)
+        if width == 1:
+            self.cache.commit(1, [1] * self.cache.rows)
+        return Pass(list(self.rows), drafts, again, width, logits, verdict, plain=width == 1)
+
+    def _behind(self, cur: Pass) -> Pass | None:
+        """A plain pass queued behind `cur` before it is read (as mlx-lm queues its steps), its
+        input each row's lazy token from `cur`; None where it could not be used whole: `cur`
+        drafts, rows are waiting to join or left it, a row's next token needs the host (a
+        grammar), or a row would draft at its next step."""
+        if (not cur.plain or cur.dropped or len(cur.rows) != len(self.rows)
+                or (self.waiting and len(self.rows) < self.max_rows)
+                or not all(r.queues for r in self.rows)):
+            return None
+        on = self.pricing is None or self.cache.rows == 1 or self.pricing.drafting(
+            self.cache.rows, self.cache.slots.end) is not None
+        if any(r.would_draft(on or r.own_cost is None) for r in self.rows):
+            return None
+        column = [0] * self.cache.rows  # a free row is fed any token (masked out)
+        for i, r in enumerate(cur.rows):
+            column[r.place] = i
+        x = cur.verdict[0][mx.array(column, mx.int32)][:, None]
+        self.cache.begin([1] * self.cache.rows)
+        logits = self.model(x, cache=self.cache.layers)
+        verdict = mx.concatenate([r.verdict(logits[r.place, :1], ahead=1) for r in cur.rows], axis=1)
+        mx.async_eval(verdict)
+        self.cache.commit(1, [1] * self.cache.rows)
+        n = len(cur.rows)
+        return Pass(list(cur.rows), [[]] * n, [0] * n, 1, logits, verdict, plain=True, queued=True)
+
+    def _untie(self, row: Row, behind: Pass | None) -> None:
+        """A near-tied row of a pass committed at launch: the pass behind it was fed a token that
+        may not be the row's (its entry is taken back, and the row sits that pass out), and a row
+        with states is taken back to before this pass (its input is fed again alone)."""
+        i = next((i for i, r in enumerate(behind.rows) if r is row), None) if behind else None
+        if i is not None:
+            behind.dropped.add(i)
+        states = bool(self.cache.states)
+        entries = (i is not None) + states
+        if entries:
+            self.cache.take_back(row.place, entries, passes=1 + (behind is not None))
 
     def _drafts(self) -> list[list[int]]:
         """Each row's draft for this step. A row alone drafts by its drafter's own cost (the
@@ -246,11 +324,18 @@ class Batch:
         history but the last token, as decode.generate leaves its cache) first copied out to
         `kept`. Their cache rows are freed, not copied away (see batch_cache.RaggedBatch)."""
         for i in rows:
+            q = self.queued
+            at = next((j for j, r in enumerate(q.rows) if r is self.rows[i]), None) if q else None
+            if at is not None and at not in q.dropped:  # the pass queued for it is not its output
+                self.cache.take_back(self.rows[i].place, 1, passes=1)
+                q.dropped.add(at)
             if self.rows[i].keep_cache:
                 r = self.rows[i]
                 self.kept[r.key] = self._alone(r, r.pos - 1, r.history)
         self.cache.drop([self.rows[i].place for i in rows])
         self.rows = [r for i, r in enumerate(self.rows) if i not in rows]
+        if not self.rows and self.queued is not None:
+            self.queued, self.wasted = None, self.wasted + 1
 
 
 def _price(drafter, cost: CostFn | None) -> None:

@@ -140,6 +140,17 @@ class RaggedBatch:
                 if c.window == window:
                     c.forget(needed)
 
+    def take_back(self, row: int, entries: int, passes: int) -> None:
+        """Take back the newest `entries` entries of `row` that the last `passes` committed passes
+        added (a pass queued behind one whose token for the row was not the one fed, or that the
+        row left): state layers go back to before those passes."""
+        for c in self.states:
+            c.restore([row], passes)
+        if entries:
+            where = np.flatnonzero(self.slots.held[row])
+            self.slots.held[row, where[-entries:]] = False
+            self.slots.lengths[row] -= entries
+
     def _needed(self, last: int) -> int:
         """The first slot holding one of some row's `last` newest entries."""
         firsts = [where[-last] if len(where) >= last else where[0]

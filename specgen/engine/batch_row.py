@@ -12,7 +12,7 @@ import mlx.core as mx
 from specgen.draft.events import Drafter, Speculation, Step, Verdict
 from specgen.draft.schedule import draft_room
 from specgen.engine.constrain import Constraint
-from specgen.engine.sampling import Judged, MlxLmSampling, Selector, accept
+from specgen.engine.sampling import Judged, MlxLmSampling, Selector, Verified, accept
 
 
 @dataclass
@@ -63,20 +63,40 @@ class Row:
             drafts, self.own = self.constraint.drafts(drafts, room)
         return drafts
 
-    def judge(self, logits: mx.array, drafts: list[int]) -> Judged:
-        """(tokens the row emits, drafts equal to the selector's choices, tied) for a pass whose
-        rows `logits` follow the last token and each draft; `tied` is the index of a near-tied
-        row whose choice the caller must recompute (then the tokens stop before it)."""
-        if isinstance(self.selector, MlxLmSampling):  # mlx-lm's own sampler: plain, unverified
-            return Judged([self.selector.pick(logits[0], self.history, self.pos).item()], 0, None)
-        chosen = self.selector.verify(logits, self.history, self.pos, drafts)
+    def verdict(self, logits: mx.array, ahead: int = 0) -> mx.array:
+        """Lazily, the selector's tokens and near-tie flags (sampling.py) for a pass whose rows
+        `logits` follow the last token and each draft; `ahead`: the pass is queued behind one
+        whose token is not in `history` yet. mlx-lm's own sampler picks, never tied."""
+        if isinstance(self.selector, MlxLmSampling):  # plain and unverified, never queued ahead
+            token = self.selector.pick(logits[0], self.history, self.pos).astype(mx.uint32).reshape(1)
+            return mx.stack([token, mx.zeros_like(token)])
+        return self.selector.verdict(logits, self.pos + ahead)
+
+    def judge(self, chosen: Verified, logits: mx.array, drafts: list[int]) -> Judged:
+        """(tokens the row emits, drafts equal to the selector's choices, tied) from its verdict
+        read back; `tied` is the index of a near-tied row whose choice the caller must recompute
+        (then the tokens stop before it)."""
+        if isinstance(self.selector, MlxLmSampling):
+            return Judged(chosen.tokens[:1], 0, None)
         if self.speculation.on:
             self.drafter.recycle([self.history[-1], *drafts], chosen.tokens)
         if self.constraint is not None:
             chosen = self.constraint.verified(chosen, logits, drafts, self.pos)
         return accept(drafts, chosen)
 
-    def finish(self, emitted: list[int], drafted: int, matched: int, confirmed: bool) -> Step:
+    def would_draft(self, on: bool) -> bool:
+        """Whether the row would draft at its next step (`on`: drafting pays at this batch size):
+        a pass queued ahead of its verdict would lose that draft."""
+        room = draft_room(self.cap, self.pos + 1, len(self.prompt) + self.max_tokens, self.context_length)
+        return on and self.speculation.on and room > 0 and self.drafter.would_draft(room)
+
+    @property
+    def queues(self) -> bool:
+        """Whether a pass may be queued for it before its last one is read: its selector picks
+        lazily and nothing must see the last token first (a grammar's mask, mlx-lm's sampler)."""
+        return self.constraint is None and not isinstance(self.selector, MlxLmSampling)
+
+    def finish(self, emitted: list[int], drafted: int, matched: int, confirmed: bool, queued: bool = False) -> Step:
         """Cut `emitted` before a stop token, record it, tell the drafter, and say if it ended."""
         stop = stop_token = None
         for i, t in enumerate(emitted):
@@ -97,4 +117,4 @@ class Row:
         elif stop is None and self.context_length is not None and self.pos >= self.context_length:
             stop = "context"
         return Step(tuple(emitted), drafted, min(matched, len(emitted)), stop, confirmed=confirmed,
-                    stop_token=stop_token)
+                    stop_token=stop_token, queued=queued)

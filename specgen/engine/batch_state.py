@@ -3,7 +3,7 @@ row's state in one of mlx-lm's ArraysCache (rows on axis 0, as its BatchGenerato
 
 A state cannot drop its newest tokens, so a row whose draft was partly rejected is taken back
 whole: `mark` keeps every row's state before a pass (by reference: MLX arrays are values), and
-`restore` puts the given rows back at it; the batch then feeds that row's accepted tokens again
+`restore` puts the given rows back at it (or at the one before, for a pass queued behind); the batch then feeds that row's accepted tokens again
 with its next pass, as decode.py does for a restored cache alone. A step's padding (rows feed
 fewer positions than the widest) is skipped by the lengths the model reads (`Slots.widths`): the
 masks mlx-lm's batched state layers take for a ragged prompt."""
@@ -25,7 +25,7 @@ class RowStates(ArraysCache):
     def __init__(self, slots: Slots, size: int):
         super().__init__(size)
         self.slots = slots
-        self.saved: list[mx.array | None] = [None] * size
+        self.marks: list[list[mx.array | None]] = []  # the states before the last two passes
 
     @property
     def lengths(self) -> mx.array | None:
@@ -56,14 +56,16 @@ class RowStates(ArraysCache):
             self.cache[e] = buf
 
     def mark(self) -> None:
-        """Keep every row's state before a pass that may be taken back."""
-        self.saved = [None if a is None else mx.array(a) for a in self.cache]
+        """Keep every row's state before a pass that may be taken back (the last two passes': a
+        pass may be queued behind one not read yet)."""
+        self.marks = [*self.marks[-1:], [None if a is None else mx.array(a) for a in self.cache]]
 
-    def restore(self, rows: Sequence[int]) -> None:
-        """Put these rows' states back at the mark (a state made by the pass: back to zeros)."""
+    def restore(self, rows: Sequence[int], passes: int = 1) -> None:
+        """Put these rows' states back to before the last `passes` passes (a state made since:
+        back to zeros)."""
         pick = np.zeros(len(self.slots.lengths), dtype=bool)
         pick[list(rows)] = True
-        for e, (now, then) in enumerate(zip(self.cache, self.saved)):
+        for e, (now, then) in enumerate(zip(self.cache, self.marks[-passes])):
             if now is None:
                 continue
             back = mx.array(pick).reshape(-1, *[1] * (now.ndim - 1))

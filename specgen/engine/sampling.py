@@ -71,8 +71,18 @@ def _verdict(scores: mx.array, margin: float) -> mx.array:
 def read(verdict: mx.array) -> Verified:
     """A verdict (`Selector.verdict`) read back in one transfer, trusting the rows up to the
     first near-tied one."""
-    tokens, tied = verdict.tolist()
-    return Verified(tokens, next((i for i, t in enumerate(tied) if t), len(tokens)))
+    return read_all(verdict, [verdict.shape[1]])[0]
+
+
+def read_all(verdicts: mx.array, sizes: Sequence[int]) -> list[Verified]:
+    """Several sequences' verdicts, concatenated along the positions (`sizes[i]` each), read back
+    in one transfer: a batched step reads once, whatever its rows."""
+    tokens, tied = verdicts.tolist()
+    out, at = [], 0
+    for n in sizes:
+        out.append(Verified(tokens[at : at + n], next((i for i, t in enumerate(tied[at : at + n]) if t), n)))
+        at += n
+    return out
 
 
 def tie_margin(logits: mx.array) -> float:
