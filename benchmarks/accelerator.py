@@ -60,11 +60,12 @@ class Forced(nn.Module):
         self.target = _Target()
 
     def __call__(self, x, cache=None, **kw):
-        start = cache[0].offset
+        start = cache[0].offset  # a number alone; each row's own in a batch (mlx-lm's and specgen's)
+        start = mx.array([start]) if isinstance(start, int) else start
         logits = self.model(x, cache=cache)
-        pos = mx.minimum(mx.arange(start + 1, start + 1 + x.shape[1]), self.target.n)
+        pos = mx.clip(start.reshape(-1, 1) + mx.arange(1, 1 + x.shape[1])[None], 0, self.target.n)
         forced = self.target.seq[pos]
-        return logits + (mx.arange(logits.shape[-1])[None, None, :] == forced[None, :, None]) * 1e4
+        return logits + (mx.arange(logits.shape[-1])[None, None, :] == forced[..., None]) * 1e4
 
 
 class _Target:  # a plain object, so nn.Module does not take the sequence for a parameter
@@ -178,6 +179,8 @@ def main():
     ap.add_argument("--sets", nargs="*", default=SETS)
     ap.add_argument("--tokenizer", default=str(SHARED / "tokenizers/smollm2"))
     ap.add_argument("--json", help="append one JSON line per set to this file")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="also time this many requests at once (batch_generate against mlx-lm's)")
     args = ap.parse_args()
     tokenizer = load_tokenizer(Path(args.tokenizer))
     enc = lambda text: tokenizer.encode(text, add_special_tokens=False)
@@ -233,9 +236,55 @@ def main():
         print(f"{name:26} {row['mlx_lm_tps']:7.1f} {row['specgen_tps']:7.1f} {med:7.2f}x "
               f"{low:5.2f} {high:5.2f} "
               f"{tps:8.2f} {pred:8.2f}x {med / pred:5.2f} {str(identical):>9}", flush=True)
+        if args.batch:
+            row["batch"] = batched(model, tokenizer, picked, end, args.batch, args.repeats)
+            print(f"{name:26} batch of {args.batch}: {row['batch']['speedup']:.2f}x mlx_lm.batch_generate "
+                  f"({row['batch']['min']:.2f}-{row['batch']['max']:.2f}), {row['batch']['tokens_per_step']:.2f} "
+                  f"tokens a batched step, identical {row['batch']['identical']}", flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
+
+
+def batched(model, tokenizer, picked, end, rows: int, repeats: int) -> dict:
+    """`rows` requests at once through specgen.batch_generate and mlx_lm.batch_generate, per trace:
+    row i continues the trace from 4 * i tokens further on (the model is forced by each row's own
+    position), so rows end apart and every text is the trace's. Whole calls timed, alternating."""
+    def work(po):
+        prompt, output = po
+        model.target.set(prompt + output, end)
+        return [prompt + output[: 4 * i] for i in range(rows)], len(output) - 4 * (rows - 1)
+
+    def mlx_lm_run(po):
+        prompts, n = work(po)
+        t = time.perf_counter()
+        out = mlx_lm.batch_generate(model, tokenizer, prompts, max_tokens=n, return_token_ids=True)
+        return Timed([t for ids in out.token_ids for t in ids], n * rows, time.perf_counter() - t)
+
+    steps = []
+
+    def specgen_run(po):
+        prompts, n = work(po)
+        t = time.perf_counter()
+        out = specgen.batch_generate(model, tokenizer, prompts, max_tokens=n, return_token_ids=True)
+        run = Timed([t for ids in out.token_ids for t in ids], n * rows, time.perf_counter() - t)
+        steps.append((out.stats.generation_tokens, out.stats.generation_steps))
+        return run
+
+    contenders = {"mlx-lm": mlx_lm_run, "specgen": specgen_run}
+    for po in picked:
+        mlx_lm_run(po), specgen_run(po)
+    steps.clear()
+    identical = True
+
+    def seen(r, i, runs):
+        nonlocal identical
+        identical &= runs["mlx-lm"].tokens == runs["specgen"].tokens
+
+    rounds = alternate(contenders, picked, repeats, seen)
+    med, low, high = spread(rounds.ratios("specgen", "mlx-lm"))
+    tps = sum(t for t, _ in steps) / max(1, sum(n for _, n in steps))  # mlx-lm's: one a row
+    return {"rows": rows, "speedup": med, "min": low, "max": high, "tokens_per_step": tps, "identical": identical}
 
 
 def _time_spec(model, tokenizer, po, end, steps) -> Timed:

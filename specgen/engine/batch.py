@@ -246,9 +246,13 @@ class Batch:
                 or (self.waiting and len(self.rows) < self.max_rows)
                 or not all(r.queues for r in self.rows)):
             return None
-        on = self.pricing is None or self.cache.rows == 1 or self.pricing.drafting(
-            self.cache.rows, self.cache.slots.end) is not None
-        if any(r.would_draft(on or r.own_cost is None) for r in self.rows):
+        rows, slots = self.cache.rows, self.cache.slots.end
+        alone = self.pricing is None or rows == 1  # (then each drafter's own cost decides)
+        on = alone or self.pricing.drafting(rows, slots) is not None
+        wants = [r.would_draft(on or r.own_cost is None) for r in self.rows]
+        if any(wants) and (alone or _best_width([r.acceptance for r in self.rows],
+                                                [r.cap if w else 0 for r, w in zip(self.rows, wants)],
+                                                self.pricing.step(rows, slots), every=True)):
             return None
         column = [0] * self.cache.rows  # a free row is fed any token (masked out)
         for i, r in enumerate(cur.rows):
@@ -345,11 +349,13 @@ def _price(drafter, cost: CostFn | None) -> None:
         drafter.cost = cost
 
 
-def _best_width(rates: list[float], lengths: list[int], step: CostFn) -> int:
+def _best_width(rates: list[float], lengths: list[int], step: CostFn, every: bool = False) -> int:
     """The most drafted tokens any row keeps this step: the k that maximises the rows' expected
     tokens (row i's j-th draft held with chance rates[i] ** j, so far as its draft reaches) over
-    the cost of a step of k + 1 positions a row."""
+    the cost of a step of k + 1 positions a row; among the rows' lengths, or `every` k up to the
+    longest (a bound on drafts not made yet: 0 there means none of them would be kept)."""
     def tokens(k: int) -> float:
         return sum(1 + sum(a ** j for j in range(1, min(k, n) + 1)) for a, n in zip(rates, lengths))
 
-    return max(sorted({0, *lengths}), key=lambda k: tokens(k) / step(k))
+    widths = range(max(lengths) + 1) if every else sorted({0, *lengths})
+    return max(widths, key=lambda k: tokens(k) / step(k))

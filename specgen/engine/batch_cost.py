@@ -21,7 +21,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 from specgen.draft.length import CostFn
 from specgen.engine.batch_cache import RaggedBatch
 from specgen.engine.calibrate import CANNOT_PAY, CONTEXT, SAMPLE, machine_id
-from specgen.engine.cost import Curve, cost_function, relative, unprofitable
+from specgen.engine.cost import Curve, cost_function, drafting_cost, relative, unprofitable
 from specgen.engine.curve_store import batch_calibration_file, read_store, save_entry
 
 ROWS = (1, 2, 4, 8, 16, 32)  # row counts that may be timed (up to the batch's largest)
@@ -145,10 +145,12 @@ class Pricing:
     and the cache slots it attends over (rounded up to BUCKET): `step(rows, slots)(k)` is a step
     of k + 1 positions per row relative to a plain one; `drafting(rows, slots)` is the cost
     drafters weigh drafts with there, or None where drafting cannot pay (cost.unprofitable): the
-    step is then plain batched decoding."""
+    step is then plain batched decoding. A step that drafts nothing is queued behind the one in
+    flight (batch.py), so it costs `overlap` (the single-sequence calibration's share of a plain
+    step that queuing hides) less than the synchronous steps the grid timed."""
 
-    def __init__(self, measured: Measured):
-        self.measured = measured
+    def __init__(self, measured: Measured, overlap: float = 0.0):
+        self.measured, self.overlap = measured, overlap
         self.sizes = sorted(measured.grid)
         self._priced: dict[tuple[int, int], tuple[CostFn, CostFn | None]] = {}
 
@@ -156,7 +158,7 @@ class Pricing:
         key = (min(rows, self.sizes[-1]), -(-max(slots, 1) // BUCKET) * BUCKET)
         if key not in self._priced:
             curve = relative(self.measured.seconds(*key))
-            step = cost_function(curve)
+            step = drafting_cost(cost_function(curve), self.overlap, ahead=0)
             self._priced[key] = (step, None if unprofitable(Curve(curve)) else step)
         return self._priced[key]
 

@@ -9,6 +9,7 @@ and machine, before the first request that drafts adaptively). A model whose cac
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -30,13 +31,23 @@ from specgen.engine.responder import Responder, Response
 # (SPECGEN_CACHE_DIR changed in this process) is read, or measured into, on its own.
 _PRICED: dict[tuple, batch_cost.Pricing] = {}
 PROBE = ([3, 4, 5, 6, 7], [8, 9])  # two rows of different lengths (token ids any vocabulary has)
+_PROBED: dict[int, tuple[weakref.ref, str | None]] = {}  # id(model) -> (the model, batch_unsupported's answer)
 
 
 def batch_unsupported(engine: Engine) -> str | None:
     """Why this engine's model cannot decode in a batch (then requests run one at a time): its
     cache layers, or its forward pass failing on per-row positions (a model that reads the cache
-    offset as one number) or choosing otherwise than alone, on a probe of a few tokens."""
+    offset as one number) or choosing otherwise than alone, on a probe of a few tokens (once per
+    model: six passes, 0.17 s of every batch_generate call on a 32-layer model on the CPU)."""
     model = engine.loaded.model
+    ref, why = _PROBED.get(id(model), (None, None))
+    if ref is None or ref() is not model:
+        why = _probe(model)
+        _PROBED[id(model)] = weakref.ref(model), why
+    return why
+
+
+def _probe(model) -> str | None:
     why = unbatchable(make_prompt_cache(model)) or padding_unsupported(model)
     if why:
         return why
@@ -143,5 +154,5 @@ class Streams:
                     "per model; a few seconds) ..."))
             if warning:
                 self.engine.notice(warning)
-            _PRICED[key] = batch_cost.Pricing(measured)
+            _PRICED[key] = batch_cost.Pricing(measured, self.engine.costs().curve.overlap)
         return _PRICED[key]
