@@ -52,7 +52,7 @@ BUDGET_S = 4.0  # about how long measuring the curve may take (warm-up included)
 ROUNDS = (3, 100)  # fewest and most rounds of all sizes
 CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider ones are not timed
 OVERLAP_STEPS = 8  # plain steps timed each way per round
-OVERLAP_ROUNDS = (3, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 6
+OVERLAP_ROUNDS = (5, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 6 (design.md)
 OVERLAP_SLOW_S = 0.1  # steps slower than this are not timed for the overlap: it is negligible
 SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
 
