@@ -7,7 +7,8 @@ on a cache of its own; a prompt joins the batch when done, so a long one does no
 running rows), then runs ONE forward pass over every active row's last token plus its draft,
 rows padded to the widest, and judges each row on its own as decode.generate does: a row emits the
 longest accepted prefix of its draft plus the model's next token, and keeps just those entries.
-Rows join and leave between steps.
+Rows join and leave between steps. Where every row feeds one token, the next pass is queued
+behind the one in flight before it is read (batch_pass.py), as mlx-lm's BatchGenerator queues.
 
 Events are decode.generate's (`Prefilled`, then one `Step` per pass), tagged with the row's key,
 so a row's events read as a single-sequence run's. The emitted tokens are what plain decoding
@@ -18,7 +19,6 @@ recomputed by a one-position pass over the row's own entries, as decode.py does.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Hashable, Iterator, Sequence
 
 import mlx.core as mx
@@ -28,10 +28,10 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
 from specgen.draft.events import Drafter, Prefilled, Speculation, Step
-from specgen.draft.length import CostFn
 from specgen.draft.predictor import NGramPredictor
 from specgen.engine.batch_cache import RaggedBatch, unbatchable
-from specgen.engine.batch_cost import Pricing
+from specgen.engine.batch_cost import Pricing, drafts_coming, step_drafts
+from specgen.engine.batch_pass import Pass, verdicts
 from specgen.engine.batch_probe import padding_unsupported
 from specgen.engine.batch_row import Row
 from specgen.engine.constrain import Constraint
@@ -42,24 +42,6 @@ from specgen.errors import InputError
 from specgen.settings import check
 
 Event = tuple[Hashable, "Prefilled | Step"]
-
-
-@dataclass
-class Pass:
-    """A batched forward pass on the device, not read yet: its rows (in the order of its verdict's
-    columns), their drafts and tokens fed again, its logits and lazy verdict. A `plain` pass
-    (every row one token) is committed when launched; `queued`: launched behind another;
-    `dropped`: rows whose entry was taken back (they sit it out)."""
-
-    rows: list[Row]
-    drafts: list[list[int]]
-    again: list[int]
-    width: int
-    logits: mx.array
-    verdict: mx.array
-    plain: bool
-    queued: bool = False
-    dropped: set[int] = field(default_factory=set)
 PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
 
 
@@ -180,7 +162,7 @@ class Batch:
 
     def _decode(self) -> list[Event]:
         start = time.perf_counter()
-        cur, behind = self.queued or self._launch(), None
+        cur = self.queued or self._launch()
         self.queued = behind = self._behind(cur)  # before `cur` is read: the device keeps busy
         active = {id(r) for r in self.rows}  # a row cancelled since `cur` was queued is not judged
         ours = [i for i, r in enumerate(cur.rows) if id(r) in active and i not in cur.dropped]
@@ -221,7 +203,7 @@ class Batch:
         """This step's pass, read before the next is built: every row's last token (after any
         accepted ones a restored state took back) and its draft. A pass where every row feeds
         one token is committed now (each keeps it), so a pass can be queued behind it."""
-        drafts = self._drafts()
+        drafts = step_drafts(self.rows, self.pricing, self.cache.rows, self.cache.slots.end)
         fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
         for r, d in zip(self.rows, drafts):
             fed[r.place] = [*r.history[self.cache.slots.lengths[r.place]:], *d]
@@ -230,7 +212,7 @@ class Batch:
         self.cache.begin([len(f) for f in fed])
         logits = self.model(x, cache=self.cache.layers)
         again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
-        verdict = _verdicts(logits, self.rows, [(a, len(d) + 1) for d, a in zip(drafts, again)])
+        verdict = verdicts(logits, self.rows, [(a, len(d) + 1) for d, a in zip(drafts, again)])
         mx.async_eval(verdict)
         if width == 1:
             self.cache.commit(1, [1] * self.cache.rows)
@@ -240,18 +222,12 @@ class Batch:
         """A plain pass queued behind `cur` before it is read (as mlx-lm queues its steps), its
         input each row's lazy token from `cur`; None where it could not be used whole: `cur`
         drafts, rows are waiting to join or left it, a row's next token needs the host (a
-        grammar), or a row would draft at its next step."""
+        grammar), or a draft some row would make at its next step could be kept."""
         if (not cur.plain or cur.dropped or len(cur.rows) != len(self.rows)
                 or (self.waiting and len(self.rows) < self.max_rows)
                 or not all(r.queues for r in self.rows)):
             return None
-        rows, slots = self.cache.rows, self.cache.slots.end
-        alone = self.pricing is None or rows == 1  # (then each drafter's own cost decides)
-        on = alone or self.pricing.drafting(rows, slots) is not None
-        wants = [r.would_draft(on or r.own_cost is None) for r in self.rows]
-        if any(wants) and (alone or _best_width([r.acceptance for r in self.rows],
-                                                [r.cap if w else 0 for r, w in zip(self.rows, wants)],
-                                                self.pricing.step(rows, slots), every=True)):
+        if drafts_coming(self.rows, self.pricing, self.cache.rows, self.cache.slots.end):
             return None
         column = [0] * self.cache.rows  # a free row is fed any token (masked out)
         for i, r in enumerate(cur.rows):
@@ -259,7 +235,7 @@ class Batch:
         x = cur.verdict[0][mx.array(column, mx.int32)][:, None]
         self.cache.begin([1] * self.cache.rows)
         logits = self.model(x, cache=self.cache.layers)
-        verdict = _verdicts(logits, cur.rows, [(0, 1)] * len(cur.rows), ahead=1)
+        verdict = verdicts(logits, cur.rows, [(0, 1)] * len(cur.rows), ahead=1)
         mx.async_eval(verdict)
         self.cache.commit(1, [1] * self.cache.rows)
         n = len(cur.rows)
@@ -276,31 +252,6 @@ class Batch:
         entries = (i is not None) + states
         if entries:
             self.cache.take_back(row.place, entries, passes=1 + (behind is not None))
-
-    def _drafts(self) -> list[list[int]]:
-        """Each row's draft for this step. A row alone drafts by its drafter's own cost (the
-        single-sequence curve); with more rows, adaptive drafters weigh drafts by what a step
-        costs at this many rows over this many cache slots, and stay silent where no draft pays
-        there (fixed-length drafters draft as told). Every row pays for the widest draft, so the
-        step's width is then the one that yields the most tokens for its cost over all rows, and
-        longer drafts are drafted again to fit it. Free rows of the cache count: every pass
-        feeds them."""
-        rows = self.cache.rows
-        if self.pricing is None or rows == 1:
-            for r in self.rows:
-                _price(r.drafter, r.own_cost)
-            return [r.draft(on=True) for r in self.rows]
-        slots = self.cache.slots.end
-        cost = self.pricing.drafting(rows, slots)
-        drafts = []
-        for r in self.rows:
-            priced = r.own_cost is not None
-            if priced and cost is not None:
-                _price(r.drafter, cost)
-            drafts.append(r.draft(on=not priced or cost is not None))
-        k = _best_width([r.acceptance for r in self.rows], [len(d) for d in drafts],
-                        self.pricing.step(rows, slots))
-        return [d if len(d) <= k else r.draft(on=True, most=k) for r, d in zip(self.rows, drafts)]
 
     def _confirm(self, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:
         """Choose the near-tied position `n` of `row` as plain decoding does: a one-position pass
@@ -339,36 +290,3 @@ class Batch:
         self.rows = [r for i, r in enumerate(self.rows) if i not in rows]
         if not self.rows and self.queued is not None:
             self.queued, self.wasted = None, self.wasted + 1
-
-
-def _price(drafter, cost: CostFn | None) -> None:
-    """Make an adaptive drafter weigh its drafts by `cost`: what a step costs depends on how many
-    rows share it. (Its cost table is rebuilt from the new function at its next draft.)"""
-    if cost is not None and drafter.cost is not cost:
-        drafter.cost = cost
-
-
-def _verdicts(logits: mx.array, rows: list[Row], spans: list[tuple[int, int]], ahead: int = 0) -> mx.array:
-    """Every row's lazy verdict (row.verdict) on its `spans` (first position, count) of a pass's
-    logits, concatenated in `rows`' order. Greedy rows' in one set of reductions over the whole
-    pass and one gather: a set per row cost ~15% of a plain step of 4 rows on the CPU proxy
-    (MLX's CPU stream runs each small op as a task of its own)."""
-    if all(r.selector is GREEDY for r in rows):
-        width = logits.shape[1]
-        every = GREEDY.verdict(logits.reshape(-1, logits.shape[-1]), 0)
-        at = [r.place * width + a + j for r, (a, n) in zip(rows, spans) for j in range(n)]
-        return every[:, mx.array(at, mx.int32)]
-    return mx.concatenate([r.verdict(logits[r.place, a : a + n], ahead) for r, (a, n) in zip(rows, spans)],
-                          axis=1)
-
-
-def _best_width(rates: list[float], lengths: list[int], step: CostFn, every: bool = False) -> int:
-    """The most drafted tokens any row keeps this step: the k that maximises the rows' expected
-    tokens (row i's j-th draft held with chance rates[i] ** j, so far as its draft reaches) over
-    the cost of a step of k + 1 positions a row; among the rows' lengths, or `every` k up to the
-    longest (a bound on drafts not made yet: 0 there means none of them would be kept)."""
-    def tokens(k: int) -> float:
-        return sum(1 + sum(a ** j for j in range(1, min(k, n) + 1)) for a, n in zip(rates, lengths))
-
-    widths = range(max(lengths) + 1) if every else sorted({0, *lengths})
-    return max(widths, key=lambda k: tokens(k) / step(k))

@@ -6,7 +6,7 @@ long cache, once per model and machine (cached beside the single-sequence curve;
 later adds row counts). `Pricing` turns that into what the batch engine asks each step: at B rows
 over S cache slots, the cost of k + 1 positions per row relative to a plain batched step
 (cost.py's curve rules), and whether any draft can pay there (if not, the step is plain batched
-decoding).
+decoding); `step_drafts` and `drafts_coming` apply it to a step's rows.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 
 from specgen.draft.length import CostFn
 from specgen.engine.batch_cache import RaggedBatch
+from specgen.engine.batch_row import Row
 from specgen.engine.calibrate import CANNOT_PAY, CONTEXT, SAMPLE, machine_id
 from specgen.engine.cost import Curve, cost_function, drafting_cost, relative, unprofitable
 from specgen.engine.curve_store import batch_calibration_file, read_store, save_entry
@@ -202,3 +203,57 @@ def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibr
     except OSError as e:
         return measured, f"cannot save the batch calibration to {path} ({e.strerror or e})"
     return measured, None
+
+
+def best_width(rates: list[float], lengths: list[int], step: CostFn, every: bool = False) -> int:
+    """The most drafted tokens any row keeps this step: the k that maximises the rows' expected
+    tokens (row i's j-th draft held with chance rates[i] ** j, so far as its draft reaches) over
+    the cost of a step of k + 1 positions a row; among the rows' lengths, or `every` k up to the
+    longest (a bound on drafts not made yet: 0 there means none of them would be kept)."""
+    def tokens(k: int) -> float:
+        return sum(1 + sum(a ** j for j in range(1, min(k, n) + 1)) for a, n in zip(rates, lengths))
+
+    widths = range(max(lengths) + 1) if every else sorted({0, *lengths})
+    return max(widths, key=lambda k: tokens(k) / step(k))
+
+
+def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> list[list[int]]:
+    """Each row's draft for a batch step over `count` cache rows (free ones count: every pass
+    feeds them) and `slots` slots. A row alone drafts by its drafter's own cost (the
+    single-sequence curve); with more rows, adaptive drafters weigh drafts by what a step costs
+    there, and stay silent where no draft pays (fixed-length drafters draft as told). Every row
+    pays for the widest draft, so the step's width is the one that yields the most tokens for
+    its cost over all rows, and longer drafts are drafted again to fit it."""
+    if pricing is None or count == 1:
+        for r in rows:
+            _price(r.drafter, r.own_cost)
+        return [r.draft(on=True) for r in rows]
+    cost = pricing.drafting(count, slots)
+    drafts = []
+    for r in rows:
+        priced = r.own_cost is not None
+        if priced and cost is not None:
+            _price(r.drafter, cost)
+        drafts.append(r.draft(on=not priced or cost is not None))
+    k = best_width([r.acceptance for r in rows], [len(d) for d in drafts], pricing.step(count, slots))
+    return [d if len(d) <= k else r.draft(on=True, most=k) for r, d in zip(rows, drafts)]
+
+
+def drafts_coming(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> bool:
+    """Whether a draft some row would make at its next step could be kept there (then no pass is
+    queued ahead of the verdict it needs): a lone row's drafter decides; with more, `best_width`
+    over every width up to each willing row's cap, by its acceptance so far. ("Any row would
+    draft" ran a third of chat's steps synchronously for drafts the width then cut to nothing.)"""
+    alone = pricing is None or count == 1
+    on = alone or pricing.drafting(count, slots) is not None
+    wants = [r.would_draft(on or r.own_cost is None) for r in rows]
+    return any(wants) and (alone or best_width([r.acceptance for r in rows],
+                                               [r.cap if w else 0 for r, w in zip(rows, wants)],
+                                               pricing.step(count, slots), every=True) > 0)
+
+
+def _price(drafter, cost: CostFn | None) -> None:
+    """Make an adaptive drafter weigh its drafts by `cost`: what a step costs depends on how many
+    rows share it. (Its cost table is rebuilt from the new function at its next draft.)"""
+    if cost is not None and drafter.cost is not cost:
+        drafter.cost = cost
