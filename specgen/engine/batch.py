@@ -216,7 +216,7 @@ class Batch:
         mx.async_eval(verdict)
         if width == 1:
             self.cache.commit(1, [1] * self.cache.rows)
-        return Pass(list(self.rows), drafts, again, width, logits, verdict, plain=width == 1)
+        return Pass(list(self.rows), drafts, again, width, logits, verdict)
 
     def _behind(self, cur: Pass) -> Pass | None:
         """A plain pass queued behind `cur` before it is read (as mlx-lm queues its steps), its
@@ -239,13 +239,13 @@ class Batch:
         mx.async_eval(verdict)
         self.cache.commit(1, [1] * self.cache.rows)
         n = len(cur.rows)
-        return Pass(list(cur.rows), [[]] * n, [0] * n, 1, logits, verdict, plain=True, queued=True)
+        return Pass(list(cur.rows), [[]] * n, [0] * n, 1, logits, verdict, queued=True)
 
     def _untie(self, row: Row, behind: Pass | None) -> None:
         """A near-tied row of a pass committed at launch: the pass behind it was fed a token that
         may not be the row's (its entry is taken back, and the row sits that pass out), and a row
         with states is taken back to before this pass (its input is fed again alone)."""
-        i = next((i for i, r in enumerate(behind.rows) if r is row), None) if behind else None
+        i = behind.column(row) if behind else None
         if i is not None:
             behind.dropped.add(i)
         states = bool(self.cache.states)
@@ -278,11 +278,10 @@ class Batch:
         history but the last token, as decode.generate leaves its cache) first copied out to
         `kept`. Their cache rows are freed, not copied away (see batch_cache.RaggedBatch)."""
         for i in rows:
-            q = self.queued
-            at = next((j for j, r in enumerate(q.rows) if r is self.rows[i]), None) if q else None
-            if at is not None and at not in q.dropped:  # the pass queued for it is not its output
+            at = self.queued.column(self.rows[i]) if self.queued else None
+            if at is not None:  # the pass queued for it is not its output
                 self.cache.take_back(self.rows[i].place, 1, passes=1)
-                q.dropped.add(at)
+                self.queued.dropped.add(at)
             if self.rows[i].keep_cache:
                 r = self.rows[i]
                 self.kept[r.key] = self._alone(r, r.pos - 1, r.history)

@@ -26,9 +26,17 @@ class Pass:
     width: int
     logits: mx.array
     verdict: mx.array
-    plain: bool
     queued: bool = False
     dropped: set[int] = field(default_factory=set)
+
+    @property
+    def plain(self) -> bool:
+        return self.width == 1
+
+    def column(self, row: Row) -> int | None:
+        """`row`'s column in this pass, unless it has none or sits it out (`dropped`)."""
+        i = next((i for i, r in enumerate(self.rows) if r is row), None)
+        return None if i in self.dropped else i
 
 
 def verdicts(logits: mx.array, rows: list[Row], spans: list[tuple[int, int]], ahead: int = 0) -> mx.array:

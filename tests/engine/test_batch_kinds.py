@@ -63,6 +63,17 @@ def test_rows_of_every_cache_kind_emit_what_they_emit_alone(arch):
     assert sum(s.accepted for s in steps) > 20 and sum(s.drafted > s.accepted for s in steps) > 0
 
 
+def assert_kept_as_plain_decoding_leaves(model, batch: Batch, prompts: dict, out: dict) -> None:
+    """Each row's kept cache holds what plain decoding of its prompt and output (but the last
+    token) leaves."""
+    for key, prompt in prompts.items():
+        plain = make_prompt_cache(model)
+        for t in prompt + out[key][:-1]:
+            model(mx.array([[t]]), cache=plain)
+        for a, b in zip(held(batch.kept[key]), held(plain), strict=True):
+            assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
+
+
 @pytest.mark.parametrize("arch", KINDS)
 def test_kept_caches_hold_what_plain_decoding_leaves(arch):
     model = steered(arch)
@@ -76,12 +87,7 @@ def test_kept_caches_hold_what_plain_decoding_leaves(arch):
             out[k] += getattr(e, "tokens", ())
         if step == 3:
             batch.cancel("b")  # a cancelled row keeps its cache too
-    for key, prompt in prompts.items():
-        plain = make_prompt_cache(model)
-        for t in prompt + out[key][:-1]:
-            model(mx.array([[t]]), cache=plain)
-        for a, b in zip(held(batch.kept[key]), held(plain), strict=True):
-            assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
+    assert_kept_as_plain_decoding_leaves(model, batch, prompts, out)
 
 
 class SometimesTied(Steered):
@@ -145,12 +151,7 @@ def test_plain_passes_queued_behind_unread_ones_stay_exact(arch):
     assert all(out[k] == expected[k] for k in "acd") and out["b"] == expected["b"][: len(out["b"])]
     # (A tie on a row with states unqueues two steps: 13-66 of 79 steps were queued.)
     assert sum(s.queued for s in steps) > len(steps) / 8 and sum(s.confirmed for s in steps) > 0
-    for key, prompt in prompts.items():
-        plain = make_prompt_cache(model)
-        for t in prompt + out[key][:-1]:
-            model(mx.array([[t]]), cache=plain)
-        for a, b in zip(held(batch.kept[key]), held(plain), strict=True):
-            assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
+    assert_kept_as_plain_decoding_leaves(model, batch, prompts, out)
 
 
 def test_a_model_whose_state_layers_read_padding_is_refused_by_name():
