@@ -19,7 +19,7 @@ more copy source, followed and trusted while the output follows it (prediction.p
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from specgen import defaults
 from specgen.draft.acceptance import (
@@ -61,7 +61,8 @@ class AdaptiveDrafter:
         self._list_keys = window >= max_order - 1  # keys of the whole list are the window's too
         self._keys: tuple[int, list[int]] | None = None  # (tokens fed, keys) from the last draft
         self._table = None  # the cost table, built at the first draft
-        self.last: Draft | None = None  # the last draft, until the loop's verdict on it
+        self.last: Draft | None = None  # the draft the next verdict is on
+        self._behind: Draft | None = None  # a guess and the drafts queued behind the pass in flight
         self.recycled: dict[int, int] = {}  # token -> the target's latest choice after it
         self._draw_on(memory)  # sets ngram_guess (guesses) and _copy_memory (copies)
         self.respell: dict[int, int] = {}  # the prompt's spelling of an output's first token -> the output's
@@ -89,7 +90,7 @@ class AdaptiveDrafter:
         predicted = checked(prediction)
         self.prediction = Prediction(predicted, self.params) if predicted else None
         self.copies.restart()
-        self.last, self.respell = None, {}
+        self.last, self._behind, self.respell = None, None, {}
         self._draw_on(self.memory)
 
     def _draw_on(self, memory) -> None:
@@ -106,8 +107,12 @@ class AdaptiveDrafter:
         if self.prediction is not None:
             self.prediction.advance(tokens)
         last, self.last = self.last, None
+        behind, self._behind = self._behind, None
         if last is not None and verdict is not None:
             self._learn(last, tokens, verdict)
+        if behind is not None:
+            self._judge_guess(behind, tokens, held=0 if last is None else None if verdict is None
+                              else verdict.accepted if verdict.accepted == len(last.tokens) else None)
         toks, longest = self.tokens, self._hashed
         if len(tokens) >= BATCH_HASH and self.window >= longest:
             tail = toks[-longest:]
@@ -136,21 +141,36 @@ class AdaptiveDrafter:
 
     def _learn(self, last: Draft, tokens: list[int], verdict: Verdict) -> None:
         """Judge the last draft's tokens: rescale their evidence, note copy breaks."""
-        prev = self.tokens[-1]
         n = verdict.accepted
-        for i in range(n + verdict.rejected):
-            ev, hit = last.evidence[i], i < n
-            # Memory's acceptance lives with the memory: it carries over between requests.
-            (self.memory.acceptance if ev.group in MEMORY_GROUPS and self.memory is not None
-             else self.acceptance).record(ev, hit)
-            if ev.kind in HAZARD_KINDS:
-                self.copies.hazards.record(prev, not hit)
-            prev = last.tokens[i]
+        self._record(last, n, n + verdict.rejected, self.tokens[-1])
         if self.prediction is not None:
             self.prediction.judged(last.evidence, n)
         if last.copy is not None and last.copy.own:
             self.copies.judged(last.copy.pos, tokens, n, len(last.tokens),
                                n < len(last.evidence) and last.evidence[n].kind == "subst")
+
+    def _record(self, made: Draft, accepted: int, judged: int, prev: int) -> None:
+        """Rescale the evidence of the first `judged` tokens of `made` (the first `accepted` held;
+        `prev`: the token before them) and count copy breaks."""
+        for i in range(judged):
+            ev, hit = made.evidence[i], i < accepted
+            # Memory's acceptance lives with the memory: it carries over between requests.
+            (self.memory.acceptance if ev.group in MEMORY_GROUPS and self.memory is not None
+             else self.acceptance).record(ev, hit)
+            if ev.kind in HAZARD_KINDS:
+                self.copies.hazards.record(prev, not hit)
+            prev = made.tokens[i]
+
+    def _judge_guess(self, behind: Draft, tokens: list[int], held: int | None) -> None:
+        """Judge the guess that began the continuation queued behind the last pass (`behind`) by
+        that pass's own next token, where its draft held whole (`held` tokens; None: it did not):
+        the pass behind is then kept, and the verdict on its drafts comes next."""
+        if held is None or len(tokens) <= held:
+            return
+        hit = tokens[held] == behind.tokens[0]
+        self._record(behind, hit, 1, tokens[held - 1] if held else self.tokens[-1])
+        if hit and len(behind.tokens) > 1:  # drafts made past a wrong guess are not judged
+            self.last = Draft(behind.tokens[1:], behind.evidence[1:], None, behind.chances[1:])
 
     def recycle(self, inputs, predicted) -> None:
         """Remember the target's choice after each input token of a forward pass."""
@@ -160,42 +180,35 @@ class AdaptiveDrafter:
 
     def draft(self, room: int) -> list[int]:
         """Up to `room` drafted tokens: the length that maximises expected tokens per unit of cost."""
-        made = self._propose(room)
-        if made is None:
-            return []
-        self.last = made
-        return made.tokens
+        self.last = made = self._propose(room)
+        return [] if made is None else made.tokens
 
     def continuation(self, drafts: Sequence[int], room: int) -> Ahead:
-        """What it would draft after `drafts` if they all held, for a pass queued before the
-        verdict on them is read: its draft from its state now, which must begin with `drafts`,
-        continued by up to `room` tokens as a pass of their own would be, less `drafts`; and the
-        chance it gives `drafts` of holding whole (0 where its draft does not begin with them).
-        The coming verdict is on its last draft still; with no `drafts`, on this one's first
-        token (see `guess_only`)."""
-        last = self.last
-        made = self._propose(room, skip=len(drafts)) if room > 0 else None
-        if drafts:
-            self.last = last
-        else:
-            self.guess_only()
+        """What it would draft after `drafts` (the pass in flight's drafts: its last draft, or none)
+        if they all held, for a pass queued before the verdict on them is read: a guess at that
+        pass's own next token, then up to `room` - 1 drafts for the pass behind, as many as pay
+        given the guess's chance; and the chance it gives `drafts` of holding whole (0 where its
+        draft from its state now does not begin with them). The next `feed` judges the guess
+        (where `drafts` held whole), and the one after the drafts behind it (where the guess held)."""
+        if not drafts:
+            self.last = None  # a plain pass in flight: no draft of its own to judge
+        made = self._propose(room, skip=len(drafts), behind=True) if room > 0 else None
         if made is None or made.tokens[: len(drafts)] != list(drafts):
+            self._behind = None
             return Ahead([], 0.0 if drafts else 1.0)
-        return Ahead(made.tokens[len(drafts):], math.prod(made.chances[: len(drafts)]))
-
-    def guess_only(self) -> None:
-        """Its last draft will not be verified: the next token alone judges its first one (a
-        queued pass's guess at the token of the pass before it; the rest are never judged)."""
-        if self.last is not None:
-            del self.last.tokens[1:], self.last.evidence[1:], self.last.chances[1:]
+        n = len(drafts)
+        self._behind = Draft(made.tokens[n:], made.evidence[n:], None, made.chances[n:])
+        return Ahead(made.tokens[n:], math.prod(made.chances[:n]))
 
     def would_draft(self, room: int) -> bool:
         """Whether `draft(room)` would draft anything; nothing is remembered for a verdict."""
         return self._propose(room) is not None
 
-    def _propose(self, room: int, skip: int = 0) -> Draft | None:
+    def _propose(self, room: int, skip: int = 0, behind: bool = False) -> Draft | None:
         """A draft of up to `room` tokens, as long as pays; after `skip` tokens taken as they come
-        (a draft in flight, to be continued as if it held: `continuation`)."""
+        (a draft in flight, to be continued as if it held: `continuation`). `behind`: its first
+        token after those is a guess at the next pass's own token, not a draft: the pass behind
+        verifies the rest, worth the guess's chance times theirs."""
         toks = self.tokens
         if self.copies.start is None:
             self.copies.start = len(toks)
@@ -223,9 +236,15 @@ class AdaptiveDrafter:
         chances = candidates(self, keys, made, guess)
         if any(next(chances, None) is None for _ in range(skip)):
             return None
-        k = skip + choose_length(chances, table, room, self.params.min_p)
-        if k == skip:
-            return None
+        if behind:
+            guessed = next(chances, None)
+            if guessed is None:
+                return None
+            k = skip + 1 + choose_length(_given(guessed, chances), table, room - 1, self.params.min_p)
+        else:
+            k = skip + choose_length(chances, table, room, self.params.min_p)
+            if k == skip:
+                return None
         del made.tokens[k:], made.evidence[k:], made.chances[k:]
         return made
 
@@ -240,6 +259,15 @@ class AdaptiveDrafter:
         self.respell = respell
         if self.memory.prompt_holds(self.tokens, self.copies.index, self.params.aside_share):
             self._draw_on(None)
+
+
+def _given(q: float, chances: Iterator[float]) -> Iterator[float]:
+    """`chances` with the first one multiplied by `q` (the chance of what they all follow)."""
+    first = next(chances, None)
+    if first is None:
+        return
+    yield q * first
+    yield from chances
 
 
 def make_drafter(draft: int | None = None, *, max_order: int = defaults.MAX_ORDER,

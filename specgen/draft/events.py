@@ -99,10 +99,8 @@ class Drafter(Protocol):
         """Whether `draft` would draft anything here (asked of steps that cannot use a draft)."""
 
     def continuation(self, drafts: Sequence[int], room: int) -> Ahead | None:
-        """What it would draft after `drafts` (its last draft) if they held (None: it cannot say)."""
-
-    def guess_only(self) -> None:
-        """Its last draft is not verified: only its first token is judged, by the next token."""
+        """What it would draft after `drafts` (its last draft, or none) if they held: a guess at
+        the next token, then drafts for the pass behind (None: it cannot say)."""
 
     def recycle(self, inputs: Sequence[int], predicted: Sequence[int]) -> None:
         """The target's own choice after each of `inputs` in a forward pass (rejected drafts too)."""

@@ -80,9 +80,6 @@ class NGramPredictor:
         """Whether `draft(n)` would draft anything (asked of steps that cannot use a draft)."""
         return bool(self.draft(min(n, 1)))
 
-    def guess_only(self) -> None:
-        """It learns nothing from verdicts."""
-
     def continuation(self, drafts, room: int) -> None:
         """A fixed draft length (--draft N) is the user's choice: no pass is queued past one."""
         return None

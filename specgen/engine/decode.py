@@ -174,16 +174,15 @@ def generate(
         """The pass after `cur`, queued before `cur` is read, as if every draft of `cur` holds: its
         input is `cur`'s own next token (lazy), then what the drafter would draft after that.
         None where queuing it does not pay (`prices`)."""
-        nonlocal guess
+        if cur.drafts and prices is None:  # unpriced, nothing is queued behind a draft (as replay)
+            return None
         ahead, more = schedule.behind(drafter if speculation.on else None, cur.pos, cur.drafts, cur.queued)
         if more is None:
             return None
-        if ahead is not None and not cur.drafts:
-            guess = ahead.tokens  # the drafter's guess at `cur`'s own token (and on)
         if cur.drafts:  # behind a draft: with its continuation, else alone, else not at all
-            if prices is None or not prices.queue_behind(ahead.chance, len(more)):
+            if not prices.queue_behind(ahead.chance, len(more)):
                 more = []
-                if prices is None or not prices.queue_behind(ahead.chance, 0):
+                if not prices.queue_behind(ahead.chance, 0):
                     return None
         bonus = cur.out[0, -1:] if cur.drafts else cur.out
         at = cur.pos + len(cur.drafts) + 1
@@ -204,7 +203,6 @@ def generate(
         schedule = Schedule(cap=draft if speculation.on else 0, end=len(prompt) + max_tokens,
                             context_length=context_length, queue_after=queue_after)
         inflight: _Pass | None = None
-        guess: list[int] = []  # the drafter's unverified guess at the next token (and on)
         try:
             while True:
                 if inflight is None:
@@ -227,9 +225,8 @@ def generate(
                         drafter.recycle(history[-1:], tokens)
                     if constraint is not None:
                         tokens = [constraint.pick(cur.rows[-1], history, cur.pos, chosen=tokens[0])]
-                    told = min(len(guess), 1), int(guess[:1] == tokens)  # its guess at this token
+                    told = 0, 0
                 emitted, stop, stop_token = finish(tokens, *told)
-                guess = []
                 if nxt is not None and not stop and not confirmed and matched == len(cur.drafts):
                     inflight = nxt  # every draft held: the pass behind is the right next one
                 else:

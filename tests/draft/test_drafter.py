@@ -37,6 +37,29 @@ def test_the_verdict_teaches_it_and_drafts_cut_off_by_a_stop_are_not_misses():
     assert (d.acceptance.counts["copy"].accepted, d.acceptance.counts["copy"].judged) == (2, 3)
 
 
+def test_a_guess_at_the_token_in_flight_is_judged_and_misses_end_the_drafts_queued_behind_it():
+    # Behind a pass in flight the drafter guesses that pass's token, then drafts past it for the
+    # pass queued behind, worth the guess's chance times theirs. On chat its guesses miss: each
+    # miss must teach it, until nothing is drafted behind (the plain pass stays queued).
+    d = AdaptiveDrafter(cost=linear_cost(0.1))
+    d.feed(list(range(100, 140)))
+    d.recycle([5, 7, 8], [7, 8, 9])  # the target chose 7 after 5, 8 after 7 and 9 after 8
+    d.feed([5])
+    # A guess that holds: the pass behind verifies [8, 9], and the verdict after is on them.
+    assert d.continuation([], 4).tokens == [7, 8, 9]
+    d.feed([7])
+    assert d.last.tokens == [8, 9] and d.acceptance.counts["recycled"].accepted == 1
+    d.feed([8, 3], Verdict.of(2, 1, 2))
+    assert (d.acceptance.counts["recycled"].accepted, d.acceptance.counts["recycled"].judged) == (2, 3)
+    behind = []
+    for miss in range(50, 60):
+        d.feed([5])
+        behind.append(d.continuation([], 4).tokens)
+        d.feed([miss])  # the pass in flight chose otherwise
+    assert behind[0] == [7, 8, 9] and behind[-1] == [7]
+    assert d.acceptance.counts["recycled"].judged == 13 and d.last is None
+
+
 def _guess(d, context):
     """The kind of evidence and the token of a one-token n-gram draft after `context`."""
     d.feed(context)
