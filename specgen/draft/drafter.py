@@ -111,8 +111,7 @@ class AdaptiveDrafter:
         if last is not None and verdict is not None:
             self._learn(last, tokens, verdict)
         if behind is not None:
-            self._judge_guess(behind, tokens, held=0 if last is None else None if verdict is None
-                              else verdict.accepted if verdict.accepted == len(last.tokens) else None)
+            self._judge_guess(behind, tokens, last, verdict)
         toks, longest = self.tokens, self._hashed
         if len(tokens) >= BATCH_HASH and self.window >= longest:
             tail = toks[-longest:]
@@ -161,11 +160,18 @@ class AdaptiveDrafter:
                 self.copies.hazards.record(prev, not hit)
             prev = made.tokens[i]
 
-    def _judge_guess(self, behind: Draft, tokens: list[int], held: int | None) -> None:
-        """Judge the guess that began the continuation queued behind the last pass (`behind`) by
-        that pass's own next token, where its draft held whole (`held` tokens; None: it did not):
-        the pass behind is then kept, and the verdict on its drafts comes next."""
-        if held is None or len(tokens) <= held:
+    def _judge_guess(self, behind: Draft, tokens: list[int], last: Draft | None,
+                     verdict: Verdict | None) -> None:
+        """Judge the guess that began the continuation queued behind the pass in flight (`behind`)
+        by that pass's own next token, where the pass's draft (`last`, judged by `verdict`) held
+        whole: the pass behind is then kept, and the verdict on its drafts comes next."""
+        if last is None:
+            held = 0
+        elif verdict is not None and verdict.accepted == len(last.tokens):
+            held = verdict.accepted
+        else:
+            return
+        if len(tokens) <= held:  # a stop token ended the step first
             return
         hit = tokens[held] == behind.tokens[0]
         self._record(behind, hit, 1, tokens[held - 1] if held else self.tokens[-1])
