@@ -27,6 +27,10 @@ class Draft:
     copy: CopySource | None  # the copy it follows (None once the n-gram tables took over)
     chances: list[float] = field(default_factory=list)  # each token's, given the ones before it
 
+    def after(self, n: int) -> "Draft":
+        """Its tokens after the first `n`, as a draft of their own (judged apart from any copy)."""
+        return Draft(self.tokens[n:], self.evidence[n:], None, self.chances[n:])
+
 
 class DrafterState(Protocol):
     """What `candidates` reads of the drafter (drafter.py's AdaptiveDrafter), named here so that

@@ -176,7 +176,7 @@ class AdaptiveDrafter:
         hit = tokens[held] == behind.tokens[0]
         self._record(behind, hit, 1, tokens[held - 1] if held else self.tokens[-1])
         if hit and len(behind.tokens) > 1:  # drafts made past a wrong guess are not judged
-            self.last = Draft(behind.tokens[1:], behind.evidence[1:], None, behind.chances[1:])
+            self.last = behind.after(1)
 
     def recycle(self, inputs, predicted) -> None:
         """Remember the target's choice after each input token of a forward pass."""
@@ -202,9 +202,8 @@ class AdaptiveDrafter:
         if made is None or made.tokens[: len(drafts)] != list(drafts):
             self._behind = None
             return Ahead([], 0.0 if drafts else 1.0)
-        n = len(drafts)
-        self._behind = Draft(made.tokens[n:], made.evidence[n:], None, made.chances[n:])
-        return Ahead(made.tokens[n:], math.prod(made.chances[:n]))
+        self._behind = made.after(len(drafts))
+        return Ahead(self._behind.tokens, math.prod(made.chances[: len(drafts)]))
 
     def would_draft(self, room: int) -> bool:
         """Whether `draft(room)` would draft anything; nothing is remembered for a verdict."""
