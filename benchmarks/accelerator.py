@@ -38,7 +38,7 @@ import specgen
 from specgen.cli.timing import Timed, alternate, spread
 from specgen.draft.drafter import make_drafter
 from specgen.draft.simulate import Tally, replay
-from specgen.engine.calibrate import blas
+from specgen.engine.curve_store import blas
 from specgen.engine.cost import cost_function, relative
 from specgen.engine.rollback import Rollback
 

@@ -57,9 +57,9 @@ class Recorder:
         self._draft = (list(d), kinds)
         return d
 
-    def would_draft(self, room):
+    def saves(self, room):
         self._draft = ([], [])
-        return self.inner.would_draft(room)
+        return self.inner.saves(room)
 
     def recycle(self, inputs, predicted):
         self.inner.recycle(inputs, predicted)

@@ -39,7 +39,8 @@ from specgen.draft.drafter import make_drafter
 from specgen.draft.memory import NGramMemory
 from specgen.draft.simulate import Tally, replay
 from specgen.draft.traces import load_tokenizer
-from specgen.engine.calibrate import blas, measure
+from specgen.engine.calibrate import measure
+from specgen.engine.curve_store import blas
 from specgen.engine.cost import Curve, cost_function, drafting_cost, relative
 from specgen.engine.distributed import share, world
 from specgen.engine.mode import describe_curve

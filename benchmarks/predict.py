@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from specgen.draft.stats import RunStats
-from specgen.engine.calibrate import blas
+from specgen.engine.curve_store import blas
 from specgen.engine.engine import Engine, Request
 from specgen.engine.options import Options
 

@@ -37,8 +37,8 @@ class Chain:
             out.append(tok)
         return out
 
-    def would_draft(self, room):
-        return bool(self.draft(room))
+    def saves(self, room):
+        return 1.0 if self.draft(room) else 0.0
 
     def recycle(self, inputs, predicted):
         self.table.update(zip(inputs, predicted))

@@ -25,7 +25,8 @@ from specgen.cli.timing import alternate, spread
 from specgen.draft.drafter import make_drafter
 from specgen.draft.stats import Counts
 from specgen.engine import registry
-from specgen.engine.calibrate import blas, model_costs
+from specgen.engine.calibrate import model_costs
+from specgen.engine.curve_store import blas
 from specgen.engine.prompts import encode_prompt
 from specgen.engine.sampling import make_selector
 

@@ -19,7 +19,8 @@ from specgen.cli.timing import Timed, alternate, spread
 from specgen.draft.drafter import make_drafter
 from specgen.draft.events import Step
 from specgen.engine import registry
-from specgen.engine.calibrate import blas, model_costs
+from specgen.engine.calibrate import model_costs
+from specgen.engine.curve_store import blas
 from specgen.engine.decode import generate
 from specgen.engine.mode import describe_curve
 

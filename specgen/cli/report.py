@@ -45,7 +45,7 @@ def simulate_table(reports, *, draft_mode: str, beta: float, memory: bool,
 
     title = f"drafter {draft_mode}, verify cost 1 + {beta} x drafted" + (", memory on" if memory else "")
     if queue_after is not None:
-        title += f", {queued_ahead(queue_after)}"
+        title += f", {queued_ahead(queue_after, adaptive=draft_mode.startswith('auto'))}"
     if overlap:
         title += f", queuing ahead saves {overlap:.0%} (mlx-lm queues every step)"
     table = Table(title=title, title_justify="left")

@@ -32,7 +32,7 @@ def simulate(
     beta: float = typer.Option(defaults.BETA, "--beta", help="Verify cost per drafted token, relative to one forward pass."),
     memory: bool = typer.Option(False, "--memory", help="Replay each file's traces in order into a memory of its own that starts empty (a file is one model's outputs)."),
     pipeline_after: Optional[int] = typer.Option(None, "--pipeline-after", show_default=False,
-                                                 help="Replay as run does where queuing plain steps ahead pays: after N silent drafter steps, a step drafts nothing."),
+                                                 help="Replay as run does where queuing plain steps ahead pays: a fixed --draft queues them after N silent drafter steps; the adaptive drafter while the drafts they hold up cost less than --overlap saves (always without --overlap)."),
     overlap: float = typer.Option(0.0, "--overlap",
                                   help="Share of a plain step that queuing it ahead saves (run's calibration measures it): queued steps, and mlx-lm's plain decoding, cost that much less."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per file."),
@@ -93,7 +93,7 @@ def bench(
     from specgen.cli.bench import builtin_sets, read_prompt_file, replayer, run_set
     from specgen.cli.report import bench_table
     from specgen.draft.drafter import make_drafter
-    from specgen.engine.calibrate import blas
+    from specgen.engine.curve_store import blas
     from specgen.engine.mode import DraftMode
     from specgen.engine.prompts import encode_prompt
 

@@ -19,6 +19,8 @@ more copy source, followed and trusted while the output follows it (prediction.p
 from __future__ import annotations
 
 import math
+from itertools import accumulate
+from operator import mul
 from typing import Iterable, Iterator, Sequence
 
 from specgen import defaults
@@ -205,9 +207,15 @@ class AdaptiveDrafter:
         self._behind = made.after(len(drafts))
         return Ahead(self._behind.tokens, math.prod(made.chances[: len(drafts)]))
 
-    def would_draft(self, room: int) -> bool:
-        """Whether `draft(room)` would draft anything; nothing is remembered for a verdict."""
-        return self._propose(room) is not None
+    def saves(self, room: int) -> float:
+        """What the draft `draft(room)` would make saves over a plain step, as a share of one:
+        1 - its cost per expected token / a plain step's (0: it would draft nothing). Nothing is
+        remembered for a verdict."""
+        made = self._propose(room)
+        if made is None:
+            return 0.0
+        expected, cost = 1.0 + sum(accumulate(made.chances, mul)), self._table.cost
+        return max(0.0, 1.0 - cost[len(made.tokens)] / (expected * cost[0]))
 
     def _propose(self, room: int, skip: int = 0, behind: bool = False) -> Draft | None:
         """A draft of up to `room` tokens, as long as pays; after `skip` tokens taken as they come

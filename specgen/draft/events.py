@@ -95,8 +95,9 @@ class Drafter(Protocol):
     def draft(self, room: int) -> list[int]:
         """Up to `room` tokens to verify next."""
 
-    def would_draft(self, room: int) -> bool:
-        """Whether `draft` would draft anything here (asked of steps that cannot use a draft)."""
+    def saves(self, room: int) -> float:
+        """What the draft `draft` would make here saves over a plain step, as a share of one
+        (0: it would draft nothing); asked of steps that cannot use a draft, nothing remembered."""
 
     def continuation(self, drafts: Sequence[int], room: int) -> Ahead | None:
         """What it would draft after `drafts` (its last draft, or none) if they held: a guess at

@@ -76,9 +76,10 @@ class NGramPredictor:
     def recycle(self, inputs, predicted) -> None:
         """The fixed-length predictor drafts from its n-gram tables alone."""
 
-    def would_draft(self, n: int) -> bool:
-        """Whether `draft(n)` would draft anything (asked of steps that cannot use a draft)."""
-        return bool(self.draft(min(n, 1)))
+    def saves(self, n: int) -> float:
+        """Whether `draft(n)` would draft anything: 1.0 if so (its drafts' worth is not
+        estimated: as if each saved a whole step), else 0.0."""
+        return 1.0 if self.draft(min(n, 1)) else 0.0
 
     def continuation(self, drafts, room: int) -> None:
         """A fixed draft length (--draft N) is the user's choice: no pass is queued past one."""

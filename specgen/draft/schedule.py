@@ -9,6 +9,10 @@
   `queue_after` steps in a row (0: every step, as mlx-lm; None: never queue). `cost.queue_after`
   says whether queuing pays on a machine; behind a draft the decode loop also weighs the risk
   (cost.StepPrices), which the replay leaves out.
+- A plain pass queued behind a plain one is built before that one's token is known, so a draft
+  that token would open waits a step. Given the `gap` queuing hides, the schedule learns per
+  request what the drafter would have saved right after each such pass (`Drafter.saves`) and
+  queues only while that costs less than the gap it hides where nothing would be drafted.
 """
 
 from __future__ import annotations
@@ -35,16 +39,29 @@ def draft_room(cap: int, pos: int, end: int, context_length: int | None) -> int:
     return max(room, 0)
 
 
+# Plain passes after which the drafter is assumed to have saved nothing, before a request's own
+# (docs/design.md): a request starts out queuing plain passes, as mlx-lm does.
+OPENS_PRIOR = 2
+
+
 class Schedule:
-    """The room of each step and whether the next one is queued ahead (see the module docstring)."""
+    """The room of each step and whether the next one is queued ahead (see the module docstring).
+    `gap`: what queuing a plain pass behind another hides, in plain steps (None: not weighed,
+    plain passes are queued after `queue_after` silent steps whatever the drafter would save)."""
 
     def __init__(self, *, cap: int, end: int, context_length: int | None = None,
-                 queue_after: int | None = None):
+                 queue_after: int | None = None, gap: float | None = None):
         self.cap = cap
         self.end = end
         self.context_length = context_length
         self.queue_after = queue_after
+        self.gap = gap
         self.silent = 0  # steps in a row for which the drafter had nothing
+        # After plain passes that could have had one queued behind: how many, after how many the
+        # drafter would have drafted at once, and what those drafts would have saved in all.
+        self.asked = self.opened = 0
+        self.saved = 0.0
+        self._asking = False  # the last plain pass was such a one: what the drafter says next tells
 
     def room(self, pos: int) -> int:
         return draft_room(self.cap, pos, self.end, self.context_length)
@@ -52,6 +69,34 @@ class Schedule:
     def heard(self, drafted: bool) -> None:
         """Whether the drafter had something to say at this step."""
         self.silent = 0 if drafted else self.silent + 1
+
+    def draft(self, drafter: Drafter, pos: int) -> list[int]:
+        """The drafter's draft for a step at `pos` built once the step before was read."""
+        room = self.room(pos)
+        self._told(drafter, room)
+        drafts = drafter.draft(room) if room > 0 else []
+        self.heard(bool(drafts))
+        return drafts
+
+    def _told(self, drafter: Drafter, room: int) -> float | None:
+        """What the drafter would save drafting now, where the pass before was a plain one that
+        could have had a plain pass queued behind it (None elsewhere): counted for `worth_queuing`."""
+        if not self._asking:
+            return None
+        self._asking = False
+        saved = drafter.saves(room) if room > 0 else 0.0
+        self.asked += 1
+        self.opened += saved > 0
+        self.saved += saved
+        return saved
+
+    def worth_queuing(self) -> bool:
+        """Whether to queue a plain pass behind a plain one: what the drafter would save right
+        after such a pass, on average, is less than the gap queuing hides where it would not draft."""
+        if self.gap is None:
+            return True
+        n = self.asked + OPENS_PRIOR
+        return self.saved / n < (1.0 - self.opened / n) * self.gap
 
     def fits(self, pos: int) -> bool:
         """Whether a token may still be emitted at absolute position `pos`."""
@@ -71,8 +116,16 @@ class Schedule:
             return Behind(None, None)
         room = self.room(at) + 1  # the continuation's first token guesses the pass's own
         ahead = drafter.continuation(drafts, room) if drafter is not None and room > 1 else None
-        if ahead is not None:
-            return Behind(ahead, list(ahead.tokens[1:room]))
-        if queued and drafter is not None:
-            self.heard(drafter.would_draft(self.room(pos)))
-        return Behind(None, None if drafts or not self.queue_next(pos) else [])
+        more = list(ahead.tokens[1:room]) if ahead is not None else []
+        if drafts:  # behind a draft: its continuation or nothing (the loop prices the risk)
+            return Behind(ahead, more if ahead is not None else None)
+        if queued and drafter is not None:  # the pass before was read: would the drafter draft now?
+            self._told(drafter, self.room(pos))
+        if more:
+            return Behind(ahead, more)
+        if ahead is None:  # no continuations (a fixed draft length): plain passes after silent steps
+            if queued and drafter is not None:
+                self.heard(drafter.saves(self.room(pos)) > 0)
+            return Behind(None, [] if self.queue_next(pos) else None)
+        self._asking = True  # what the drafter says after this pass's token tells if queuing paid
+        return Behind(ahead, [] if self.worth_queuing() else None)

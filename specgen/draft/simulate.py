@@ -84,7 +84,8 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
     `context_length` limit drafts as in `run`; tokens past the end of `output` never match, like
     the tokens after a stop token. `queue_after` as in `decode.generate` (with no prices): a
     pass queued behind a plain step drafts the drafter's continuation, and costs `overlap` less
-    (the share of a plain step that queuing ahead saves). A step that drafts k tokens costs
+    (the share of a plain step that queuing ahead saves; where it is not 0, it also weighs
+    whether to queue behind a plain pass, as `decode.generate`'s prices do: schedule.py). A step that drafts k tokens costs
     `cost(k)`, by default 1 + `beta` * k. `predicted` (the
     model's top-1 after each token of prompt + output, from a trace's "topk") is recycled to the
     drafter as the decode loop does, along the output's path only (rejected drafts' rows were not
@@ -98,16 +99,15 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
     drafter.feed(prompt)
     spent = clock() - t0
     schedule = Schedule(cap=draft, end=len(prompt) + (len(output) if max_tokens is None else max_tokens),
-                        context_length=context_length, queue_after=queue_after)
+                        context_length=context_length, queue_after=queue_after,
+                        gap=overlap / (1.0 - overlap) if overlap else None)
     i = 0
     queued = None  # the drafts of a pass queued behind the last one, if it was kept
     while i < len(output):
         pos = len(prompt) + i
-        room = schedule.room(pos)
         t0 = clock()
         if queued is None:
-            drafts = drafter.draft(room)
-            schedule.heard(bool(drafts))
+            drafts = schedule.draft(drafter, pos)
         else:
             drafts = queued
         # As decode.generate with no prices: nothing is queued behind a draft.

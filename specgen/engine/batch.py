@@ -36,6 +36,7 @@ from specgen.engine.batch_probe import padding_unsupported
 from specgen.engine.batch_row import Row
 from specgen.engine.constrain import Constraint
 from specgen.engine.decode import PREFILL_CHUNK, check_prompt
+from specgen.engine.eager import eager
 from specgen.engine.rollback import Rollback
 from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector, read_all, settle
 from specgen.errors import InputError
@@ -210,7 +211,8 @@ class Batch:
         width = max(map(len, fed))
         x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
         self.cache.begin([len(f) for f in fed])
-        logits = self.model(x, cache=self.cache.layers)
+        with eager(self.cache.layers, self.pricing.eager if self.pricing else 0):  # nothing runs ahead
+            logits = self.model(x, cache=self.cache.layers)
         again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
         verdict = verdicts(logits, self.rows, [(a, len(d) + 1) for d, a in zip(drafts, again)])
         mx.async_eval(verdict)

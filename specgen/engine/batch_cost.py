@@ -21,9 +21,10 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 from specgen.draft.length import CostFn
 from specgen.engine.batch_cache import RaggedBatch
 from specgen.engine.batch_row import Row
-from specgen.engine.calibrate import CANNOT_PAY, CONTEXT, SAMPLE, machine_id
+from specgen.engine.calibrate import CANNOT_PAY, CONTEXT, SAMPLE
 from specgen.engine.cost import Curve, cost_function, drafting_cost, relative, unprofitable
-from specgen.engine.curve_store import batch_calibration_file, read_store, save_entry
+from specgen.engine.eager import eager
+from specgen.engine.curve_store import batch_calibration_file, machine_id, read_store, save_entry
 
 ROWS = (1, 2, 4, 8, 16, 32)  # row counts that may be timed (up to the batch's largest)
 WIDTHS = (1, 2, 4, 8)  # positions per row that may be timed (cost.py extrapolates past them)
@@ -58,14 +59,15 @@ class Measured(NamedTuple):
                 + more * (self.slot_s + w * self.position_slot_s) for w, s in self.grid[hi].items()}
 
 
-def measure(model, sample: list[int], max_rows: int, budget_s: float | None = None) -> Measured:
+def measure(model, sample: list[int], max_rows: int, budget_s: float | None = None, every: int = 0) -> Measured:
     """Seconds of a step over B rows x T positions (with the argmax read back, as a step does),
     for every B in ROWS up to `max_rows` (a size left out would be priced as a smaller one, and
     its drafts be too long). Widths are timed in increasing order, no wider once one costs nearly
     as much as that many plain steps (no draft that wide can pay: calibrate.CANNOT_PAY), which
     bounds the dear large sizes; each is the median of ROUNDS[0] rounds, or more while the budget
     lasts. Then two rows over LONG slots (the entries copied over, not computed: only the shapes
-    matter) at the narrowest and widest width give the cost of a slot."""
+    matter) at the narrowest and widest width give the cost of a slot. `every`: steps run eagerly
+    so (eager.py), as batch.py runs a step nothing runs ahead of."""
     budget_s = BUDGET_S if budget_s is None else budget_s
     tokens = (sample * CONTEXT)[:CONTEXT]
     solo = make_prompt_cache(model)
@@ -75,7 +77,7 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     grid: Grid = {}
     start = time.perf_counter()
     for n, rows in enumerate(counts):
-        step = _timer(model, solo, rows, tokens)
+        step = _timer(model, solo, rows, tokens, every)
         step(1)  # warm-up: kernels compiled, buffers allocated
         first = {1: step(1)}
         for w in WIDTHS[1:]:
@@ -125,8 +127,9 @@ def _counts(max_rows: int) -> list[int]:
     return list(ROWS[: n + 1])
 
 
-def _timer(model, solo: list, rows: int, tokens: list[int]) -> Callable[[int], float]:
-    """A function timing one step of `rows` rows (each holding what `solo` holds) by width."""
+def _timer(model, solo: list, rows: int, tokens: list[int], every: int = 0) -> Callable[[int], float]:
+    """A function timing one step of `rows` rows (each holding what `solo` holds) by width, run
+    eagerly every `every` layers (eager.py)."""
     batch = RaggedBatch(len(solo))
     batch.add([solo] * rows)
 
@@ -135,7 +138,9 @@ def _timer(model, solo: list, rows: int, tokens: list[int]) -> Callable[[int], f
         batch.slots.begin([width] * rows)
         x = mx.array([(tokens * width)[:width]] * rows, mx.uint32)
         t = time.perf_counter()
-        mx.argmax(model(x, cache=batch.layers), axis=-1).tolist()
+        with eager(batch.layers, every):
+            logits = model(x, cache=batch.layers)
+        mx.argmax(logits, axis=-1).tolist()
         return time.perf_counter() - t
 
     return step
@@ -148,10 +153,11 @@ class Pricing:
     drafters weigh drafts with there, or None where drafting cannot pay (cost.unprofitable): the
     step is then plain batched decoding. A step that drafts nothing is queued behind the one in
     flight (batch.py), so it costs `overlap` (the single-sequence calibration's share of a plain
-    step that queuing hides) less than the synchronous steps the grid timed."""
+    step that queuing hides) less than the synchronous steps the grid timed, which ran eagerly
+    every `eager` layers (Curve.eager), as batch.py then runs them."""
 
-    def __init__(self, measured: Measured, overlap: float = 0.0):
-        self.measured, self.overlap = measured, overlap
+    def __init__(self, measured: Measured, overlap: float = 0.0, eager: int = 0):
+        self.measured, self.overlap, self.eager = measured, overlap, eager
         self.sizes = sorted(measured.grid)
         self._priced: dict[tuple[int, int], tuple[CostFn, CostFn | None]] = {}
 
@@ -182,10 +188,11 @@ def _valid(entry) -> Measured | None:
 
 
 def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibrate: bool = False,
-                    before_measuring=lambda: None) -> tuple[Measured, str | None]:
+                    before_measuring=lambda: None, every: int = 0) -> tuple[Measured, str | None]:
     """This model's step costs on this machine from the cache, or measured and cached (the row
-    counts for `max_rows`: a cached grid of fewer is measured again); and a warning where the
-    cache cannot be written."""
+    counts for `max_rows`: a cached grid of fewer is measured again; steps run eagerly every
+    `every` layers, as the single-sequence curve says, measured again with it); and a warning
+    where the cache cannot be written."""
     path = batch_calibration_file()
     key = f"{model_key}|{machine_id()}"
     try:
@@ -195,7 +202,7 @@ def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibr
     if cached is not None and set(_counts(max_rows)) <= set(cached.grid):
         return cached, None
     before_measuring()
-    measured = measure(model, list(tokenizer.encode(SAMPLE)) or [0], max_rows)
+    measured = measure(model, list(tokenizer.encode(SAMPLE)) or [0], max_rows, every=every)
     try:
         stored = {str(b): {str(t): s for t, s in row.items()} for b, row in measured.grid.items()}
         save_entry(path, key, {"grid": stored, "slot_s": measured.slot_s,

@@ -88,7 +88,7 @@ class Row:
         """Whether the row would draft at its next step (`on`: drafting pays at this batch size):
         a pass queued ahead of its verdict would lose that draft."""
         room = draft_room(self.cap, self.pos + 1, len(self.prompt) + self.max_tokens, self.context_length)
-        return on and self.speculation.on and room > 0 and self.drafter.would_draft(room)
+        return on and self.speculation.on and room > 0 and self.drafter.saves(room) > 0
 
     @property
     def queues(self) -> bool:

@@ -148,11 +148,12 @@ class Streams:
         if key not in _PRICED:
             measured, warning = batch_cost.load_or_measure(
                 loaded.model, loaded.calibration_key, loaded.tokenizer, self.batch.max_rows,
-                recalibrate=self.engine.costs().fresh,
+                recalibrate=self.engine.costs().fresh, every=self.engine.costs().curve.eager,
                 before_measuring=lambda: self.engine.progress(
                     f"measuring how fast {self.engine.name} runs batched steps on this machine (once "
                     "per model; a few seconds) ..."))
             if warning:
                 self.engine.notice(warning)
-            _PRICED[key] = batch_cost.Pricing(measured, self.engine.costs().curve.overlap)
+            curve = self.engine.costs().curve
+            _PRICED[key] = batch_cost.Pricing(measured, curve.overlap, curve.eager)
         return _PRICED[key]

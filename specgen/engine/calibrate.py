@@ -3,6 +3,11 @@ one position, and what queuing a plain step ahead saves (the overlap), once per 
 machine, cached in the cache directory (curve_store.py; cost.py turns them into the drafter's cost
 function).
 
+First it decides whether synchronous passes run eagerly (eager.py: evaluated a few layers at a
+time while the graph is built), which pays where building the graph is a real share of a step (a
+deep model on a fast device) and costs where it is not; the curve and the overlap are then timed
+as the decode loop runs its passes.
+
 Measuring is bounded by BUDGET_S: sizes are timed in increasing order while they fit in it, and
 no wider once one costs nearly as much as that many single positions (no draft of that width can
 pay); the rounds are as many as fit in what is left.
@@ -10,8 +15,6 @@ pay); the rounds are as many as fit in what is left.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import time
 from typing import NamedTuple
@@ -34,12 +37,14 @@ from specgen.engine.cost import (
 from specgen.engine.curve_store import (
     calibration_file,
     flat,
+    machine_id,
     read_store,
     save_entry,
     unflat,
     valid_curve,
 )
 from specgen.engine.distributed import World, share
+from specgen.engine.eager import EVERY, eager
 from specgen.engine.rollback import Rollback
 from specgen.engine.sampling import GREEDY
 
@@ -47,27 +52,14 @@ SIZES = (1, 2, 4, 8, 16, 32, 64)  # positions per forward pass that may be timed
 CONTEXT = 32  # tokens in the cache while timing, at least (a short prompt; priming a slow model costs)
 LONG_CONTEXT = 384  # ...and as many as this where priming them takes at most PRIME_S
 PRIME_S = 1.0  # (attention over a long context makes small models' wide passes dearer)
-VERSION = 3  # of how curves are measured: curves measured otherwise are measured again
 BUDGET_S = 4.0  # about how long measuring the curve may take (warm-up included)
 ROUNDS = (3, 100)  # fewest and most rounds of all sizes
 CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider ones are not timed
 OVERLAP_STEPS = 8  # plain steps timed each way per round
 OVERLAP_ROUNDS = (5, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 6 (design.md)
 OVERLAP_SLOW_S = 0.1  # steps slower than this are not timed for the overlap: it is negligible
+EAGER_GAIN = 0.03  # eager passes are kept where they save at least this share of a pass (design.md)
 SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
-
-
-def blas() -> str:
-    """The BLAS that MLX's CPU matmuls run on: a preloaded library (as the README's Linux benchmarks
-    use), else the one the mlx wheel brings."""
-    return os.environ.get("LD_PRELOAD", "").strip() or "bundled BLAS"
-
-
-def machine_id() -> str:
-    """What the curve depends on besides the model: this machine, its MLX device and version, and
-    (on the CPU) the BLAS, which changes the curve's shape."""
-    return (f"{platform.node()}|{platform.machine()}|{mx.default_device()}|mlx {mx.__version__}"
-            f"|{blas()}|v{VERSION}")
 
 
 def _primed_cache(model, tokens: list[int], fixed: bool = False) -> tuple[list, Rollback]:
@@ -89,7 +81,7 @@ def _primed_cache(model, tokens: list[int], fixed: bool = False) -> tuple[list, 
     return cache, back
 
 
-def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False) -> dict[int, float]:
+def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False, every: int = 0) -> dict[int, float]:
     """Seconds of a forward pass with its read-back as a verify step reads it, per size.
 
     Sizes are timed in increasing order, each only if its warm-up and ROUNDS[0] rounds are
@@ -99,7 +91,8 @@ def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False) -> dict[
     that times the median, over rounds, of its time over one position's in the same round, so a
     burst of load that slows a whole round cancels out. `sample`: token ids the model knows (any
     text's), repeated to fill the context. `fixed`: time the sizes up to 16, ROUNDS[0] rounds, with
-    no decision taken on a time (ranks of an mlx.launch group run the same passes in lockstep)."""
+    no decision taken on a time (ranks of an mlx.launch group run the same passes in lockstep).
+    `every`: passes run eagerly so (eager.py), as the loop runs them."""
     if fixed:
         sizes = tuple(k for k in sizes if k <= 16)
     budget_s = BUDGET_S
@@ -111,7 +104,9 @@ def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False) -> dict[
     def step(k):
         x = mx.array([tokens[at : at + k]], mx.uint32)
         t = time.perf_counter()
-        GREEDY.verify(model(x, cache=cache)[0], (), at, ())  # the loop's own read-back
+        with eager(cache, every):
+            logits = model(x, cache=cache)
+        GREEDY.verify(logits[0], (), at, ())  # the loop's own read-back
         dt = time.perf_counter() - t
         back.fed(k)
         back.rewind_to(at)
@@ -143,11 +138,51 @@ def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False) -> dict[
             for k, v in times.items()}
 
 
-def measure_overlap(model, sample: list[int], one_s: float) -> float:
+def _ab(first, second) -> float:
+    """The median over rounds of `first()`'s time over `second()`'s in the same round, the two
+    alternating which goes first (as `measure`, so that a burst of load cancels out); as many
+    rounds as OVERLAP_ROUNDS and BUDGET_S / 6 allow."""
+    per_round = first() + second()  # warm-up, and how long a round takes
+    rounds = max(OVERLAP_ROUNDS[0], min(OVERLAP_ROUNDS[1], int(BUDGET_S / 6 / max(per_round, 1e-6))))
+    ratios = []
+    for r in range(rounds):
+        if r % 2:
+            a, b = first(), second()
+        else:
+            b, a = second(), first()
+        ratios.append(a / b)
+    return statistics.median(ratios)
+
+
+def measure_eager(model, sample: list[int]) -> int:
+    """Whether synchronous passes run eagerly (eager.py): EVERY where that makes a one- and an
+    eight-position pass with their read-backs at least EAGER_GAIN faster, else 0 (also where a
+    pass is so slow, over OVERLAP_SLOW_S, that building its graph is a negligible share of it)."""
+    cache, back = _primed_cache(model, sample * LONG_CONTEXT)
+    at = back.cached
+    tokens = (sample * 8)[:8]
+
+    def passes(every: int) -> float:
+        t = time.perf_counter()
+        for k in (1, 8):
+            with eager(cache, every):
+                logits = model(mx.array([tokens[:k]], mx.uint32), cache=cache)
+            GREEDY.verify(logits[0], (), at, ())
+            back.fed(k)
+            back.rewind_to(at)
+        return time.perf_counter() - t
+
+    if passes(0) > 2 * OVERLAP_SLOW_S:
+        return 0
+    return EVERY if _ab(lambda: passes(EVERY), lambda: passes(0)) <= 1.0 - EAGER_GAIN else 0
+
+
+def measure_overlap(model, sample: list[int], one_s: float, every: int = 0) -> float:
     """The share of a plain step's time saved by queuing the next one before reading it back
-    (what mlx_lm.generate_step does): the median over rounds of the two ways' same-round ratio,
-    as in `measure`; 0 when it saves nothing, or when a step (`one_s`) is so slow that building
-    the next graph is a negligible share of it (then it is not timed)."""
+    (what mlx_lm.generate_step does) over running each once the last was read (eagerly so where
+    `every`, as the loop does): the median over rounds of the two ways' same-round ratio (`_ab`);
+    0 when it saves nothing, or when a step (`one_s`) is so slow that building the next graph is
+    a negligible share of it (then it is not timed)."""
     if one_s > OVERLAP_SLOW_S:
         return 0.0
     cache, back = _primed_cache(model, sample * LONG_CONTEXT)
@@ -159,7 +194,8 @@ def measure_overlap(model, sample: list[int], one_s: float) -> float:
         y = mx.argmax(model(y[None], cache=cache)[0, -1]).reshape(1)
         mx.async_eval(y)
         for _ in range(OVERLAP_STEPS):
-            nxt = mx.argmax(model(y[None], cache=cache)[0, -1]).reshape(1)
+            with eager(cache, 0 if queue_ahead else every):
+                nxt = mx.argmax(model(y[None], cache=cache)[0, -1]).reshape(1)
             if queue_ahead:
                 mx.async_eval(nxt)
             y.item()
@@ -170,16 +206,7 @@ def measure_overlap(model, sample: list[int], one_s: float) -> float:
         back.rewind_to(at)
         return dt
 
-    per_round = steps(True) + steps(False)  # warm-up, and how long a round takes
-    rounds = max(OVERLAP_ROUNDS[0], min(OVERLAP_ROUNDS[1], int(BUDGET_S / 6 / max(per_round, 1e-6))))
-    ratios = []
-    for r in range(rounds):  # alternating which way goes first
-        if r % 2:
-            ahead, synced = steps(True), steps(False)
-        else:
-            synced, ahead = steps(False), steps(True)
-        ratios.append(ahead / synced)
-    return max(0.0, 1.0 - statistics.median(ratios))
+    return max(0.0, 1.0 - _ab(lambda: steps(True), lambda: steps(False)))
 
 
 class Calibrated(NamedTuple):
@@ -194,7 +221,8 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     A damaged entry is measured over; a cache that cannot be read or written is a warning.
     `before_measuring` is called before a measurement starts (to say why nothing happens yet).
     In an mlx.launch group (`world`), rank 0's cache decides, every rank measures the same passes
-    (no queuing-ahead overlap: it would be timed differently by each), and all use rank 0's curve."""
+    (no queuing-ahead overlap nor eager passes: each would time them differently), and all use
+    rank 0's curve."""
     path = calibration_file()
     key = f"{model_key}|{machine_id()}" + (f"|{world.size} ranks" if world else "")
     warning = None
@@ -207,14 +235,16 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     if cached is not None:
         return Calibrated(cached, False, warning)
     before_measuring()
-    seconds = measure(model, sample, fixed=world is not None)
+    every = 0 if world is not None else measure_eager(model, sample)  # ranks time alike
+    seconds = measure(model, sample, fixed=world is not None, every=every)
     if world is None:
-        curve = Curve(relative(seconds), measure_overlap(model, sample, seconds[min(seconds)]))
+        curve = Curve(relative(seconds), measure_overlap(model, sample, seconds[min(seconds)], every), every)
     else:
         curve = unflat(share(world, flat(Curve(relative(seconds))) if world.rank == 0 else None))
         if world.rank != 0:
             return Calibrated(curve, True, None)  # rank 0 keeps the cache
     entry = {"relative": {str(k): v for k, v in curve.relative.items()}, "overlap": curve.overlap,
+             "eager": curve.eager,
              "seconds": {str(k): v for k, v in seconds.items()}, "measured": time.time()}
     try:
         save_entry(path, key, entry)

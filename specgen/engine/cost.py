@@ -33,10 +33,13 @@ STEEP = 0.5
 @dataclass(frozen=True)
 class Curve:
     """A model's measured verify cost: `relative[n]` is a forward pass over n positions relative
-    to one position; `overlap` is the share of a plain step that queuing it ahead saves."""
+    to one position; `overlap` is the share of a plain step that queuing it ahead saves; `eager`:
+    every how many layers a synchronous pass starts running while it is built (eager.py; 0: once
+    it is built), as the passes were timed."""
 
     relative: dict[int, float]
     overlap: float = 0.0
+    eager: int = 0
 
 
 def relative(seconds: dict[int, float]) -> dict[int, float]:
@@ -105,10 +108,12 @@ class StepPrices:
     """What the decode loop weighs its steps with, in units of the plain step it competes with
     (queued ahead where the loop queues plain steps): `price(k)`, a synchronous step drafting k
     tokens; `gap`, the host's time that queuing a pass behind another hides (its read-back,
-    judging, drafting and building the next graph)."""
+    judging, drafting and building the next graph); `eager`, how its synchronous passes run, which
+    the prices assume (Curve.eager)."""
 
     price: CostFn
     gap: float
+    eager: int = 0
 
     def queue_behind(self, chance: float, drafts: int) -> bool:
         """Whether to queue a pass of `drafts` drafts behind one whose drafts all hold with
@@ -122,7 +127,7 @@ def step_prices(cost: CostFn, curve: Curve, ahead: int | None) -> StepPrices:
     queues passes ahead (`ahead`, its queue_after, not None) and where it does not (then no gap
     is hidden, and plain steps are synchronous)."""
     plain = 1.0 - curve.overlap if ahead is not None else 1.0
-    return StepPrices(lambda k: cost(k) / plain, (1.0 - plain) / plain)
+    return StepPrices(lambda k: cost(k) / plain, (1.0 - plain) / plain, curve.eager)
 
 
 def unprofitable(curve: Curve) -> str | None:

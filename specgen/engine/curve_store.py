@@ -1,5 +1,6 @@
-"""The calibration files: measured cost curves by "model key|machine", in the cache directory
-(calibration.json: one sequence's curve; batch_calibration.json: a batched step's by rows).
+"""The calibration files: measured cost curves by "model key|machine" (`machine_id`: what a curve
+depends on besides the model), in the cache directory (calibration.json: one sequence's curve;
+batch_calibration.json: a batched step's by rows).
 
 Entries are checked when read (a damaged one reads as none), and each file is written atomically
 under a lock (calibrate.py and batch_cost.py measure and save; `specgen cache` lists and forgets)."""
@@ -8,10 +9,29 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
 from pathlib import Path
+
+import mlx.core as mx
 
 from specgen.draft.store import cache_dir, locked, write_atomic
 from specgen.engine.cost import Curve
+
+VERSION = 4  # of how curves are measured (calibrate.py): curves measured otherwise are measured again
+
+
+def blas() -> str:
+    """The BLAS that MLX's CPU matmuls run on: a preloaded library (as the README's Linux benchmarks
+    use), else the one the mlx wheel brings."""
+    return os.environ.get("LD_PRELOAD", "").strip() or "bundled BLAS"
+
+
+def machine_id() -> str:
+    """What the curve depends on besides the model: this machine, its MLX device and version, and
+    (on the CPU) the BLAS, which changes the curve's shape."""
+    return (f"{platform.node()}|{platform.machine()}|{mx.default_device()}|mlx {mx.__version__}"
+            f"|{blas()}|v{VERSION}")
 
 
 def calibration_file() -> Path:
@@ -39,12 +59,14 @@ def valid_curve(entry) -> Curve | None:
     try:
         rel = {int(k): float(v) for k, v in entry["relative"].items()}
         overlap = float(entry["overlap"])
+        eager = entry["eager"]
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
     if (len(rel) < 2 or 1 not in rel or not all(k >= 1 and math.isfinite(v) and v >= 1.0 for k, v in rel.items())
-            or not (math.isfinite(overlap) and 0.0 <= overlap < 1.0)):
+            or not (math.isfinite(overlap) and 0.0 <= overlap < 1.0)
+            or type(eager) is not int or eager < 0):
         return None
-    return Curve(rel, overlap)
+    return Curve(rel, overlap, eager)
 
 
 def read_store(path: Path) -> dict:
@@ -56,13 +78,14 @@ def read_store(path: Path) -> dict:
 
 
 def flat(curve: Curve | None) -> list[float]:
-    return [] if curve is None else [curve.overlap, *(x for kv in sorted(curve.relative.items()) for x in kv)]
+    return [] if curve is None else [curve.overlap, curve.eager,
+                                     *(x for kv in sorted(curve.relative.items()) for x in kv)]
 
 
 def unflat(values: list[float]) -> Curve | None:
     if not values:
         return None
-    return Curve({int(k): v for k, v in zip(values[1::2], values[2::2])}, values[0])
+    return Curve({int(k): v for k, v in zip(values[2::2], values[3::2])}, values[0], int(values[1]))
 
 
 def stored_curves() -> dict[str, dict]:

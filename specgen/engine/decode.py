@@ -18,6 +18,7 @@ from specgen.draft.predictor import NGramPredictor
 from specgen.draft.schedule import Schedule
 from specgen.engine.constrain import Constraint
 from specgen.engine.cost import StepPrices
+from specgen.engine.eager import eager
 from specgen.engine.rollback import Rollback
 from specgen.engine.sampling import GREEDY, Selector, accept, read, settle
 from specgen.errors import InputError
@@ -80,9 +81,10 @@ def generate(
     check) and the drafter still see the whole prompt. Likewise `drafter` may already have been
     fed the first `drafter_fed` tokens of `prompt` (a server's earlier turn): it gets the rest.
     `queue_after`: None, every pass is read before the next is built; else passes are queued
-    behind the one in flight (plain ones always, as mlx-lm; behind drafts as `prices` says).
+    behind the one in flight (plain ones as schedule.py says, behind drafts as `prices` says).
     `prices` (cost.StepPrices): what steps cost in plain steps as this loop runs them, which
-    decides where a pass is queued behind a draft. `constraint` (constrain.py): a grammar every
+    decides where a pass is queued behind another, and how a pass nothing runs ahead of is
+    evaluated (eagerly where the prices were timed so). `constraint` (constrain.py): a grammar every
     emitted token obeys, as plain decoding with its mask would choose; its forced tokens are
     drafted. Its mask needs the last token on the host, so passes are then not queued ahead.
 
@@ -107,9 +109,10 @@ def generate(
     drafter = drafter if drafter is not None else NGramPredictor()
     history = list(prompt)  # prompt + emitted tokens; its last token is not in the cache yet
 
-    def forward(tokens) -> mx.array:
+    def forward(tokens, every: int = 0) -> mx.array:
         x = tokens if isinstance(tokens, mx.array) else mx.array(tokens, mx.uint32)
-        logits = model(x[None], cache=cache)
+        with eager(cache, every):
+            logits = model(x[None], cache=cache)
         rollback.fed(len(tokens))
         return logits[0]
 
@@ -165,7 +168,8 @@ def generate(
         """Queue a pass over `tokens` (ids, or a lazy array) whose last len(drafts) are drafts."""
         if drafts or queue_after is not None:
             rollback.mark()  # a pass that may be undone: a draft, or one queued behind it
-        rows = forward(tokens)[-1 - len(drafts):]
+        # A pass nothing runs ahead of starts running while it is built, where that pays (eager.py).
+        rows = forward(tokens, 0 if queued or prices is None else prices.eager)[-1 - len(drafts):]
         out = selector.verdict(rows, pos) if drafts else selector.pick(rows[-1], history, pos).reshape(1)
         mx.async_eval(out)
         return _Pass(pos, drafts, out, queued, rows, own)
@@ -201,17 +205,16 @@ def generate(
         # not, the pass behind is dropped and its cache entries taken back (see `behind`).
         queue_after = None if constraint is not None else queue_after if speculation.on else 0
         schedule = Schedule(cap=draft if speculation.on else 0, end=len(prompt) + max_tokens,
-                            context_length=context_length, queue_after=queue_after)
+                            context_length=context_length, queue_after=queue_after,
+                            gap=prices.gap if prices is not None else None)
         inflight: _Pass | None = None
         try:
             while True:
                 if inflight is None:
                     pos = len(history)
-                    room = schedule.room(pos)
-                    drafts, own = drafter.draft(room) if room > 0 else [], True
-                    if constraint is not None and room > 0:
-                        drafts, own = constraint.drafts(drafts, room)
-                    schedule.heard(bool(drafts))
+                    drafts, own = schedule.draft(drafter, pos), True
+                    if constraint is not None and schedule.room(pos) > 0:
+                        drafts, own = constraint.drafts(drafts, schedule.room(pos))
                     # The last token, after any a restore took back out of the cache, then drafts.
                     inflight = launch([*history[rollback.cached:], *drafts], drafts, pos, False, own)
                 cur, inflight = inflight, None

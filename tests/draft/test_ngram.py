@@ -76,7 +76,7 @@ def test_stops_at_the_first_position_without_a_match():
     assert fed([1, 2, 3], max_order=2).draft(5) == []
     assert fed([1, 2, 3, 4], window=2).draft(5) == []
     assert NGramPredictor().draft(4) == []
-    assert fed([1, 2, 1]).would_draft(4) and not fed([1, 2, 3]).would_draft(4)
+    assert fed([1, 2, 1]).saves(4) == 1.0 and fed([1, 2, 3]).saves(4) == 0.0
 
 
 def test_window_bounds_the_history_but_not_the_tables():

@@ -44,6 +44,23 @@ def test_queued_steps_and_plain_decoding_cost_less_by_the_overlap():
     assert t.to_dict()["predicted_speedup"] == round(5.25 / 4.45, 4)
 
 
+def test_plain_passes_stop_being_queued_where_the_drafts_they_delay_cost_more_than_queuing_saves():
+    # Each segment of the output is a new token, then a trigger the prompt has followed with the
+    # segment's content: once the trigger is read, the content is drafted. A plain pass queued
+    # behind the trigger's is built before the trigger is known, so its draft waits a step.
+    segments = [[1000 + 20 * k + i for i in range(12)] for k in range(10)]
+    prompt = [t for k, seg in enumerate(segments) for t in [5000 + k, *seg]]
+    output = [t for k, seg in enumerate(segments) for t in [9000 + k, 5000 + k, *seg]]
+    steps = {overlap: replay(prompt, output, AdaptiveDrafter(), draft=16, queue_after=1,
+                             overlap=overlap).counts.steps for overlap in (0.5, 0.05)}
+    never = replay(prompt, output, AdaptiveDrafter(), draft=16, queue_after=None).counts.steps
+    assert never <= steps[0.05] < steps[0.5] - 2  # where queuing hides little, it mostly stops
+    # Where nothing would be drafted, queuing costs nothing: every plain pass after the first is queued.
+    novel = list(range(20000, 20060))
+    t = replay(prompt, novel, AdaptiveDrafter(), draft=16, queue_after=1, overlap=0.05)
+    assert t.counts.drafted == 0 and t.cost == pytest.approx(1 + 59 * 0.95)
+
+
 def test_tokens_past_the_end_of_the_output_never_match():
     # Drafts [2, 3, 4, 1] but the output ends after 2, 3: two accepted, no bonus token.
     t = replay(CYCLE_PROMPT + [1], [2, 3], NGramPredictor(), draft=4, beta=0.1, max_tokens=10)

@@ -1,0 +1,50 @@
+"""Running a synchronous pass while its graph is still being built.
+
+MLX builds a forward pass's graph in Python and runs it once it is evaluated. mlx-lm's plain
+decoding hides that building behind the device: it builds step n+1 while step n runs. A pass
+that nothing runs ahead of (a draft verified once the step before was read, the first step) cannot
+hide it: the device waits for the whole graph (on an 8B model's 32 layers, about a fifth of a
+step; docs/design.md). `eager` evaluates such a pass a few layers at a time as they are built:
+every `EVERY`-th cache that a layer writes its new keys and values to starts evaluating them
+(`mx.async_eval`), so the device runs the first layers while Python builds the rest. The tokens
+are the same: only when the work is submitted changes.
+
+Layers are reached through their caches, the one object of theirs every mlx-lm model hands on:
+for the pass, each chosen cache's `update_and_fetch` is wrapped on that object alone, and put back
+after. Layers without one (the state caches of state-space layers) are simply not points.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import mlx.core as mx
+
+EVERY = 2  # attention layers between evaluations (docs/design.md: 1, 2, 4, 8 timed)
+
+
+def _eager(update):
+    def update_and_fetch(keys, values, *args, **kwargs):
+        mx.async_eval(keys, values)  # everything up to this layer's keys and values
+        return update(keys, values, *args, **kwargs)
+
+    return update_and_fetch
+
+
+@contextmanager
+def eager(cache: Sequence, every: int = EVERY) -> Iterator[None]:
+    """Within it, passes over `cache` start evaluating every `every`-th layer's keys and values
+    as soon as they are built (0: not at all)."""
+    points = [(c, vars(c).get("update_and_fetch")) for c in (cache[every - 1 :: every] if every else ())
+              if hasattr(c, "update_and_fetch") and hasattr(c, "__dict__")]
+    for c, _ in points:
+        c.update_and_fetch = _eager(c.update_and_fetch)
+    try:
+        yield
+    finally:
+        for c, own in points:
+            if own is None:
+                del c.update_and_fetch  # the class's own again
+            else:
+                c.update_and_fetch = own
