@@ -12,7 +12,7 @@
 - A plain pass queued behind a plain one is built before that one's token is known, so a draft
   that token would open waits a step. Given the `gap` queuing hides, the schedule learns per
   request what the drafter would have saved right after each such pass (`Drafter.saves`) and
-  queues only while that costs less than the gap it hides where nothing would be drafted.
+  queues only while that costs less, on average, than the gap it hides.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ class Schedule:
         self.queue_after = queue_after
         self.gap = gap
         self.silent = 0  # steps in a row for which the drafter had nothing
-        # After plain passes that could have had one queued behind: how many, after how many the
-        # drafter would have drafted at once, and what those drafts would have saved in all.
-        self.asked = self.opened = 0
+        # After plain passes that could have had one queued behind: how many, and what the drafts
+        # the drafter would have made at once would have saved in all.
+        self.asked = 0
         self.saved = 0.0
         self._asking = False  # the last plain pass was such a one: what the drafter says next tells
 
@@ -86,17 +86,16 @@ class Schedule:
         self._asking = False
         saved = drafter.saves(room) if room > 0 else 0.0
         self.asked += 1
-        self.opened += saved > 0
         self.saved += saved
         return saved
 
     def worth_queuing(self) -> bool:
-        """Whether to queue a plain pass behind a plain one: what the drafter would save right
-        after such a pass, on average, is less than the gap queuing hides where it would not draft."""
+        """Whether to queue a plain pass behind a plain one: the pass queued hides the gap whatever
+        comes, but a draft its token would open waits a step, losing what it would save; queue
+        while that, on average after such passes, is less than the gap."""
         if self.gap is None:
             return True
-        n = self.asked + OPENS_PRIOR
-        return self.saved / n < (1.0 - self.opened / n) * self.gap
+        return self.saved / (self.asked + OPENS_PRIOR) < self.gap
 
     def fits(self, pos: int) -> bool:
         """Whether a token may still be emitted at absolute position `pos`."""
