@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from specgen.draft.length import CostFn, Refeed
 
 # Queuing plain steps ahead: after how many silent drafter steps, by what it saves (the overlap).
-# (overlap above which, silent steps), first match wins; see docs/design.md for the replays.
-QUEUE_AFTER = ((0.15, 1), (0.04, 2))
+# (overlap above which, silent steps), first match wins; see docs/design.md for the replays. The
+# adaptive drafter's schedule weighs each plain pass itself (schedule.py): queuing is on wherever
+# it saves anything.
+QUEUE_AFTER = ((0.15, 1), (0.0, 2))
 # ...but after one wherever it pays at all and a drafted token costs this share of a step or more:
 # there an empty draft, weighed as saving the overlap, beats a weak guess (docs/design.md).
 QUEUE_SOON_SLOPE = 0.25

@@ -35,12 +35,14 @@ def test_cost_function_interpolates_and_extrapolates():
 
 def test_plain_steps_are_queued_ahead_sooner_the_more_it_saves():
     rel = {1: 1.0, 2: 1.1}
-    assert [queue_after(Curve(rel, x)) for x in (0.0, 0.04, 0.05, 0.15, 0.3)] == [None, None, 2, 2, 1]
+    assert [queue_after(Curve(rel, x)) for x in (0.0, 0.01, 0.05, 0.15, 0.3)] == [None, 2, 2, 2, 1]
     steep = {1: 1.0, 2: 1.3}  # ...and sooner where a drafted token costs 30% of a step
-    assert [queue_after(Curve(steep, x)) for x in (0.0, 0.04, 0.05, 0.15)] == [None, None, 1, 1]
+    assert [queue_after(Curve(steep, x)) for x in (0.0, 0.01, 0.05, 0.15)] == [None, 1, 1, 1]
     assert describe_curve(Curve(rel, 0.3)).endswith("queued ahead after 1 silent one (saves 30%)")
     assert describe_curve(Curve(rel, 0.1)).endswith("after 2 silent ones (saves 10%)")
-    assert "queued" not in describe_curve(Curve(rel, 0.01))
+    assert "queued" not in describe_curve(Curve(rel, 0.0))
+    assert "while the drafts they hold up cost less" in describe_curve(Curve(rel, 0.1), adaptive=True)
+    assert describe_curve(Curve(rel, 0.1, eager=2)).endswith("other passes run as built (every 2 layers)")
 
 
 def test_a_weak_draft_is_dropped_where_plain_steps_are_queued_ahead():
