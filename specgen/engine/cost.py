@@ -97,11 +97,13 @@ def queue_after(curve: Curve) -> int | None:
 def drafting_cost(cost: CostFn, overlap: float, ahead: int | None, refeed: bool = False) -> CostFn:
     """The cost the drafter weighs drafts with. Where the loop queues plain passes ahead (`ahead`,
     its queue_after, is not None), drafting nothing saves `overlap` of a step, so it costs that
-    much less. Where a rejected draft is undone by restoring the cache
-    (`refeed`, rollback.py), the tokens accepted before the rejection are fed again with the
-    next pass: length.Refeed charges that by its chance."""
+    much less, and a draft costs that much more: the step after it is built once its verdict is
+    read (mostly: a pass is queued behind a draft only where it is likely to hold whole). Where a
+    rejected draft is undone by restoring the cache (`refeed`, rollback.py), the tokens accepted
+    before the rejection are fed again with the next pass: length.Refeed charges that by its
+    chance."""
     saved = overlap if ahead is not None else 0.0
-    weighed = cost if not saved else (lambda k: cost(k) - (saved if k == 0 else 0.0))
+    weighed = cost if not saved else (lambda k: cost(k) + (saved if k else -saved))
     return Refeed(weighed, cost) if refeed else weighed
 
 

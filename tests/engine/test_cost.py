@@ -50,7 +50,7 @@ def test_a_weak_draft_is_dropped_where_plain_steps_are_queued_ahead():
     assert drafting_cost(base, 0.3, None) is base and drafting_cost(base, 0.0, 1) is base
     assert drafting_cost(base, 0.3, 2)(0) == pytest.approx(0.7)  # the loop queues after any silence
     cost = drafting_cost(base, 0.3, 1)
-    assert cost(0) == pytest.approx(0.7) and cost(3) == base(3)
+    assert cost(0) == pytest.approx(0.7) and cost(3) == pytest.approx(base(3) + 0.3)  # the next step waits
     history = [5, 6, 7, 5]  # 6 followed 5 once: a weak guess, worth drafting at plain cost
     drafters = [AdaptiveDrafter(cost=c) for c in (base, cost)]
     for d in drafters:
