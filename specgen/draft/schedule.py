@@ -78,16 +78,13 @@ class Schedule:
         self.heard(bool(drafts))
         return drafts
 
-    def _told(self, drafter: Drafter, room: int) -> float | None:
-        """What the drafter would save drafting now, where the pass before was a plain one that
-        could have had a plain pass queued behind it (None elsewhere): counted for `worth_queuing`."""
-        if not self._asking:
-            return None
-        self._asking = False
-        saved = drafter.saves(room) if room > 0 else 0.0
-        self.asked += 1
-        self.saved += saved
-        return saved
+    def _told(self, drafter: Drafter, room: int) -> None:
+        """Count what the drafter would save drafting now, where the pass before was a plain one
+        that could have had a plain pass queued behind it (for `worth_queuing`)."""
+        if self._asking:
+            self._asking = False
+            self.asked += 1
+            self.saved += drafter.saves(room) if room > 0 else 0.0
 
     def worth_queuing(self) -> bool:
         """Whether to queue a plain pass behind a plain one: the pass queued hides the gap whatever
