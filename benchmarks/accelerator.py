@@ -40,6 +40,7 @@ from specgen.draft.drafter import make_drafter
 from specgen.draft.simulate import Tally, replay
 from specgen.engine.curve_store import blas
 from specgen.engine.cost import cost_function, relative
+from specgen.engine.eager import EVERY, eager
 from specgen.engine.rollback import Rollback
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -90,9 +91,10 @@ def build(shape: str, dtype: str, vocab: int):
 
 
 def pass_costs(model, tokens: list[int], context: int, rounds: int = 10) -> dict[str, object]:
-    """Seconds of a synchronous pass (1 and 8 positions, argmax read back), of mlx-lm's pipelined
-    plain step, and of queued passes of k positions (8 back to back, read once) per k, over
-    `context` cached tokens (attention over them weighs on a narrow model's wide passes)."""
+    """Seconds of a synchronous pass (1 and 8 positions, argmax read back; also run eagerly, as
+    specgen runs one where its calibration chose that: eager.py), of mlx-lm's pipelined plain
+    step, and of queued passes of k positions (8 back to back, read once) per k, over `context`
+    cached tokens (attention over them weighs on a narrow model's wide passes)."""
     tokens = (tokens * (1 + (context + 600) // len(tokens)))[: context + 600]
     cache = make_prompt_cache(model)
     back = Rollback(cache)
@@ -101,9 +103,11 @@ def pass_costs(model, tokens: list[int], context: int, rounds: int = 10) -> dict
     back.fed(context)
     at = back.cached
 
-    def sync(k):
+    def sync(k, every=0):
         t = time.perf_counter()
-        mx.argmax(model(mx.array([tokens[at:at + k]]), cache=cache)[0], axis=-1).tolist()
+        with eager(cache, every):
+            logits = model(mx.array([tokens[at:at + k]]), cache=cache)
+        mx.argmax(logits[0], axis=-1).tolist()
         dt = time.perf_counter() - t
         back.fed(k)
         back.rewind_to(at)
@@ -143,14 +147,15 @@ def pass_costs(model, tokens: list[int], context: int, rounds: int = 10) -> dict
     pipelined()
     # Round-robin over the measures, medians per measure: a slow spell of this VM then lands on
     # every width alike instead of on one (timed width by width, queued 8 read 1.35-1.98x queued 1).
-    measures = {"sync1": (sync, 1), "sync8": (sync, 8), "pipelined": (pipelined,),
+    measures = {"sync1": (sync, 1), "sync8": (sync, 8), "eager1": (sync, 1, EVERY), "eager8": (sync, 8, EVERY),
+                "pipelined": (pipelined,),
                 **{k: (queued, k) for k in sizes}}
     times = {name: [] for name in measures}
     for _ in range(rounds):
         for name, (f, *a) in measures.items():
             times[name].append(f(*a))
     med = {name: statistics.median(t) for name, t in times.items()}
-    return {"sync1": med["sync1"], "sync8": med["sync8"], "pipelined": med["pipelined"],
+    return {**{m: med[m] for m in ("sync1", "sync8", "eager1", "eager8", "pipelined")},
             "queued": {k: med[k] for k in sizes}}
 
 
@@ -209,7 +214,8 @@ def main():
         queued = relative(costs["queued"])
         cost = cost_function(queued)
         print(f"## {name}: over {context} tokens, pass ms: sync 1 = {costs['sync1'] * 1e3:.2f}, "
-              f"sync 8 = {costs['sync8'] * 1e3:.2f}, pipelined plain = {costs['pipelined'] * 1e3:.2f}; "
+              f"sync 8 = {costs['sync8'] * 1e3:.2f} (eagerly: {costs['eager1'] * 1e3:.2f}, "
+              f"{costs['eager8'] * 1e3:.2f}), pipelined plain = {costs['pipelined'] * 1e3:.2f}; "
               "queued k / queued 1: " + ", ".join(f"{k}: {v:.2f}" for k, v in queued.items()))
         predicted = Tally()
         for prompt, output in picked:
@@ -237,8 +243,7 @@ def main():
                "mlx_lm_tps": spread(rounds.tps("mlx-lm"))[0], "specgen_tps": spread(rounds.tps("specgen"))[0],
                "speedup": med, "min": low, "max": high, "tokens_per_step": tps, "predicted": pred,
                "kept": med / pred, "identical": identical, "context": context, "queued": queued,
-               "pass_ms": {"sync1": costs["sync1"] * 1e3, "sync8": costs["sync8"] * 1e3,
-                           "pipelined": costs["pipelined"] * 1e3}}
+               "pass_ms": {m: costs[m] * 1e3 for m in ("sync1", "sync8", "eager1", "eager8", "pipelined")}}
         print(f"{'set':26} {'mlx-lm':>7} {'specgen':>7} {'speedup':>8} {'min':>5} {'max':>5} "
               f"{'tok/step':>8} {'predicted':>9} {'kept':>5} {'identical':>9}")
         print(f"{name:26} {row['mlx_lm_tps']:7.1f} {row['specgen_tps']:7.1f} {med:7.2f}x "
