@@ -85,9 +85,9 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
     the tokens after a stop token. `queue_after` as in `decode.generate` (with no prices): a
     pass queued behind a plain step drafts the drafter's continuation, and costs `overlap` less
     (the share of a plain step that queuing ahead saves; where it is not 0, it also weighs
-    whether to queue behind a plain pass, as `decode.generate`'s prices do: schedule.py). A step that drafts k tokens costs
-    `cost(k)`, by default 1 + `beta` * k. `predicted` (the
-    model's top-1 after each token of prompt + output, from a trace's "topk") is recycled to the
+    whether to queue behind a plain pass, as `decode.generate`'s prices do: schedule.py). A step
+    that drafts k tokens costs `cost(k)`, by default 1 + `beta` * k. `predicted` (the model's
+    top-1 after each token of prompt + output, from a trace's "topk") is recycled to the
     drafter as the decode loop does, along the output's path only (rejected drafts' rows were not
     recorded) and not for the prompt (whose logits the loop never computes).
     """

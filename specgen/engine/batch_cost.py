@@ -23,8 +23,8 @@ from specgen.engine.batch_cache import RaggedBatch
 from specgen.engine.batch_row import Row
 from specgen.engine.calibrate import CANNOT_PAY, CONTEXT, SAMPLE
 from specgen.engine.cost import Curve, cost_function, drafting_cost, relative, unprofitable
-from specgen.engine.eager import eager
 from specgen.engine.curve_store import batch_calibration_file, machine_id, read_store, save_entry
+from specgen.engine.eager import eager
 
 ROWS = (1, 2, 4, 8, 16, 32)  # row counts that may be timed (up to the batch's largest)
 WIDTHS = (1, 2, 4, 8)  # positions per row that may be timed (cost.py extrapolates past them)

@@ -146,14 +146,14 @@ class Streams:
         loaded = self.engine.loaded
         key = (loaded.calibration_key, self.batch.max_rows, batch_calibration_file())
         if key not in _PRICED:
+            costs = self.engine.costs()
             measured, warning = batch_cost.load_or_measure(
                 loaded.model, loaded.calibration_key, loaded.tokenizer, self.batch.max_rows,
-                recalibrate=self.engine.costs().fresh, every=self.engine.costs().curve.eager,
+                recalibrate=costs.fresh, every=costs.curve.eager,
                 before_measuring=lambda: self.engine.progress(
                     f"measuring how fast {self.engine.name} runs batched steps on this machine (once "
                     "per model; a few seconds) ..."))
             if warning:
                 self.engine.notice(warning)
-            curve = self.engine.costs().curve
-            _PRICED[key] = batch_cost.Pricing(measured, curve.overlap, curve.eager)
+            _PRICED[key] = batch_cost.Pricing(measured, costs.curve.overlap, costs.curve.eager)
         return _PRICED[key]

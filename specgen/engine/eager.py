@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 
 import mlx.core as mx
 
-EVERY = 2  # attention layers between evaluations (docs/design.md: 1, 2, 4, 8 timed)
+EVERY = 2  # layers (counted by their caches) between evaluations (docs/design.md: 1, 2, 4, 8 timed)
 
 
 def _eager(update):
