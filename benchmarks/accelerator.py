@@ -40,7 +40,7 @@ from specgen.draft.drafter import make_drafter
 from specgen.draft.simulate import Tally, replay
 from specgen.engine.curve_store import blas
 from specgen.engine.cost import cost_function, relative
-from specgen.engine.eager import EVERY, eager
+from specgen.engine.eager import CHOICES, eager
 from specgen.engine.rollback import Rollback
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -90,11 +90,11 @@ def build(shape: str, dtype: str, vocab: int):
     return Forced(model)
 
 
-def pass_costs(model, tokens: list[int], context: int, rounds: int = 10) -> dict[str, object]:
-    """Seconds of a synchronous pass (1 and 8 positions, argmax read back; also run eagerly, as
-    specgen runs one where its calibration chose that: eager.py), of mlx-lm's pipelined plain
-    step, and of queued passes of k positions (8 back to back, read once) per k, over `context`
-    cached tokens (attention over them weighs on a narrow model's wide passes)."""
+def pass_costs(model, tokens: list[int], context: int, every: int, rounds: int = 10) -> dict[str, object]:
+    """Seconds of a synchronous pass (1 and 8 positions, argmax read back; also run eagerly every
+    `every` layers, as specgen runs one where its calibration chose that: eager.py), of mlx-lm's
+    pipelined plain step, and of queued passes of k positions (8 back to back, read once) per k,
+    over `context` cached tokens (attention over them weighs on a narrow model's wide passes)."""
     tokens = (tokens * (1 + (context + 600) // len(tokens)))[: context + 600]
     cache = make_prompt_cache(model)
     back = Rollback(cache)
@@ -147,7 +147,7 @@ def pass_costs(model, tokens: list[int], context: int, rounds: int = 10) -> dict
     pipelined()
     # Round-robin over the measures, medians per measure: a slow spell of this VM then lands on
     # every width alike instead of on one (timed width by width, queued 8 read 1.35-1.98x queued 1).
-    measures = {"sync1": (sync, 1), "sync8": (sync, 8), "eager1": (sync, 1, EVERY), "eager8": (sync, 8, EVERY),
+    measures = {"sync1": (sync, 1), "sync8": (sync, 8), "eager1": (sync, 1, every), "eager8": (sync, 8, every),
                 "pipelined": (pipelined,),
                 **{k: (queued, k) for k in sizes}}
     times = {name: [] for name in measures}
@@ -210,11 +210,12 @@ def main():
         picked = pick_traces(rows, enc, args.traces, args.max_prompt, args.max_tokens)
         context = sum(len(p) + len(o) // 2 for p, o in picked) // len(picked)
         model.target.set(sample, end)
-        costs = pass_costs(model, sample, context)
+        every = found.curve.eager or CHOICES[0]
+        costs = pass_costs(model, sample, context, every)
         queued = relative(costs["queued"])
         cost = cost_function(queued)
         print(f"## {name}: over {context} tokens, pass ms: sync 1 = {costs['sync1'] * 1e3:.2f}, "
-              f"sync 8 = {costs['sync8'] * 1e3:.2f} (eagerly: {costs['eager1'] * 1e3:.2f}, "
+              f"sync 8 = {costs['sync8'] * 1e3:.2f} (eagerly every {every}: {costs['eager1'] * 1e3:.2f}, "
               f"{costs['eager8'] * 1e3:.2f}), pipelined plain = {costs['pipelined'] * 1e3:.2f}; "
               "queued k / queued 1: " + ", ".join(f"{k}: {v:.2f}" for k, v in queued.items()))
         predicted = Tally()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 from typing import NamedTuple
 
 import mlx.core as mx
@@ -44,7 +45,7 @@ from specgen.engine.curve_store import (
     valid_curve,
 )
 from specgen.engine.distributed import World, share
-from specgen.engine.eager import EVERY, eager
+from specgen.engine.eager import CHOICES, eager
 from specgen.engine.rollback import Rollback
 from specgen.engine.sampling import GREEDY
 
@@ -58,6 +59,7 @@ CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider
 OVERLAP_STEPS = 8  # plain steps timed each way per round
 OVERLAP_ROUNDS = (5, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 6 (design.md)
 OVERLAP_SLOW_S = 0.1  # steps slower than this are not timed for the overlap: it is negligible
+OVERLAP_FLOOR = 0.05  # a timed overlap is taken as at least this: readings spread 0-0.1 (design.md)
 EAGER_GAIN = 0.03  # eager passes are kept where they save at least this share of a pass (design.md)
 SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
 
@@ -138,17 +140,14 @@ def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False, every: i
             for k, v in times.items()}
 
 
-def _ab(first, second, confirm: float | None = None) -> float:
+def _ab(first, second) -> float:
     """The median over rounds of `first()`'s time over `second()`'s in the same round, the two
     alternating which goes first (as `measure`, so that a burst of load cancels out); as many
-    rounds as OVERLAP_ROUNDS and BUDGET_S / 6 allow, and as many again where the median is
-    `confirm` or more (a reading that decides more than its noise should: design.md)."""
+    rounds as OVERLAP_ROUNDS and BUDGET_S / 6 allow."""
     per_round = first() + second()  # warm-up, and how long a round takes
     rounds = max(OVERLAP_ROUNDS[0], min(OVERLAP_ROUNDS[1], int(BUDGET_S / 6 / max(per_round, 1e-6))))
     ratios = []
-    for r in range(2 * rounds):
-        if r == rounds and (confirm is None or statistics.median(ratios) < confirm):
-            break
+    for r in range(rounds):
         if r % 2:
             a, b = first(), second()
         else:
@@ -158,9 +157,9 @@ def _ab(first, second, confirm: float | None = None) -> float:
 
 
 def measure_eager(model, sample: list[int]) -> int:
-    """Whether synchronous passes run eagerly (eager.py): EVERY where that makes a one- and an
-    eight-position pass with their read-backs at least EAGER_GAIN faster, else 0 (also where a
-    pass is so slow, over OVERLAP_SLOW_S, that building its graph is a negligible share of it)."""
+    """Every how many layers synchronous passes are evaluated (eager.py): of eager.CHOICES, the
+    fastest at a one- and an eight-position pass with their read-backs where EAGER_GAIN faster than
+    not, else 0 (also where a pass is so slow, over OVERLAP_SLOW_S, that its graph is negligible)."""
     cache, back = _primed_cache(model, sample * LONG_CONTEXT)
     at = back.cached
     tokens = (sample * 8)[:8]
@@ -177,15 +176,15 @@ def measure_eager(model, sample: list[int]) -> int:
 
     if passes(0) > 2 * OVERLAP_SLOW_S:
         return 0
-    return EVERY if _ab(lambda: passes(EVERY), lambda: passes(0)) <= 1.0 - EAGER_GAIN else 0
+    ratio, best = min((_ab(partial(passes, every), partial(passes, 0)), every) for every in CHOICES)
+    return best if ratio <= 1.0 - EAGER_GAIN else 0
 
 
 def measure_overlap(model, sample: list[int], one_s: float, every: int = 0) -> float:
-    """The share of a plain step's time saved by queuing the next one before reading it back
-    (what mlx_lm.generate_step does) over running each once the last was read (eagerly so where
-    `every`, as the loop does): the median over rounds of the two ways' same-round ratio (`_ab`);
-    0 when it saves nothing, or when a step (`one_s`) is so slow that building the next graph is
-    a negligible share of it (then it is not timed)."""
+    """The share of a plain step's time saved by queuing the next one before reading it back (as
+    mlx_lm.generate_step does) over running each once the last was read (eagerly where `every`):
+    the median of the two ways' same-round ratio (`_ab`), at least OVERLAP_FLOOR; 0 when a step
+    (`one_s`) is so slow that building the next graph is a negligible share of it (not timed)."""
     if one_s > OVERLAP_SLOW_S:
         return 0.0
     cache, back = _primed_cache(model, sample * LONG_CONTEXT)
@@ -194,13 +193,12 @@ def measure_overlap(model, sample: list[int], one_s: float, every: int = 0) -> f
     def steps(queue_ahead: bool) -> float:
         y = mx.array([sample[0]], mx.uint32)
         t = time.perf_counter()
-        y = mx.argmax(model(y[None], cache=cache)[0, -1]).reshape(1)
-        mx.async_eval(y)
-        for _ in range(OVERLAP_STEPS):
+        for _ in range(OVERLAP_STEPS + 1):
+            if not queue_ahead:  # as the loop's synchronous steps: read, then build the next pass
+                y = mx.array([y.item()], mx.uint32)
             with eager(cache, 0 if queue_ahead else every):
                 nxt = mx.argmax(model(y[None], cache=cache)[0, -1]).reshape(1)
-            if queue_ahead:
-                mx.async_eval(nxt)
+            mx.async_eval(nxt)
             y.item()
             y = nxt
         y.item()
@@ -209,8 +207,8 @@ def measure_overlap(model, sample: list[int], one_s: float, every: int = 0) -> f
         back.rewind_to(at)
         return dt
 
-    # No overlap turns queuing off, and plain decoding then runs slower than mlx-lm's: confirmed.
-    return max(0.0, 1.0 - _ab(lambda: steps(True), lambda: steps(False), confirm=1.0))
+    # Read low, it prices synchronous steps and drafts too cheaply, which loses chat (design.md).
+    return max(OVERLAP_FLOOR, 1.0 - _ab(lambda: steps(True), lambda: steps(False)))
 
 
 class Calibrated(NamedTuple):
@@ -248,8 +246,7 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
         if world.rank != 0:
             return Calibrated(curve, True, None)  # rank 0 keeps the cache
     entry = {"relative": {str(k): v for k, v in curve.relative.items()}, "overlap": curve.overlap,
-             "eager": curve.eager,
-             "seconds": {str(k): v for k, v in seconds.items()}, "measured": time.time()}
+             "eager": curve.eager, "seconds": {str(k): v for k, v in seconds.items()}, "measured": time.time()}
     try:
         save_entry(path, key, entry)
     except OSError as e:

@@ -18,7 +18,7 @@ import mlx.core as mx
 from specgen.draft.store import cache_dir, locked, write_atomic
 from specgen.engine.cost import Curve
 
-VERSION = 4  # of how curves are measured (calibrate.py): curves measured otherwise are measured again
+VERSION = 5  # of how curves are measured (calibrate.py): curves measured otherwise are measured again
 
 
 def blas() -> str:

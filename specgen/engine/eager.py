@@ -5,9 +5,10 @@ decoding hides that building behind the device: it builds step n+1 while step n 
 that nothing runs ahead of (a draft verified once the step before was read, the first step) cannot
 hide it: the device waits for the whole graph (on an 8B model's 32 layers, about a fifth of a
 step; docs/design.md). `eager` evaluates such a pass a few layers at a time as they are built:
-every `EVERY`-th cache that a layer writes its new keys and values to starts evaluating them
+every `every`-th cache that a layer writes its new keys and values to starts evaluating them
 (`mx.async_eval`), so the device runs the first layers while Python builds the rest. The tokens
-are the same: only when the work is submitted changes.
+are the same: only when the work is submitted changes. How many layers apart is the
+calibration's choice (`CHOICES`): each evaluation costs a call, and on a GPU a command buffer.
 
 Layers are reached through their caches, the one object of theirs every mlx-lm model hands on:
 for the pass, each chosen cache's `update_and_fetch` is wrapped on that object alone, and put back
@@ -21,7 +22,9 @@ from typing import Iterator, Sequence
 
 import mlx.core as mx
 
-EVERY = 2  # layers (counted by their caches) between evaluations (docs/design.md: 1, 2, 4, 8 timed)
+# Layers (counted by their caches) between evaluations that the calibration times (docs/design.md:
+# 1, 2, 4, 8 timed; on the proxy 1 and 2 come out ahead by turns).
+CHOICES = (1, 2)
 
 
 def _eager(update):
@@ -33,7 +36,7 @@ def _eager(update):
 
 
 @contextmanager
-def eager(cache: Sequence, every: int = EVERY) -> Iterator[None]:
+def eager(cache: Sequence, every: int) -> Iterator[None]:
     """Within it, passes over `cache` start evaluating every `every`-th layer's keys and values
     as soon as they are built (0: not at all)."""
     points = [(c, vars(c).get("update_and_fetch")) for c in (cache[every - 1 :: every] if every else ())

@@ -4,6 +4,7 @@ import pytest
 
 from specgen.draft.drafter import AdaptiveDrafter
 from specgen.draft.length import linear_cost
+from specgen.engine import calibrate
 from specgen.engine.calibrate import load_or_measure
 from specgen.engine.cost import (
     Curve,
@@ -87,6 +88,16 @@ def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path
     assert not load_or_measure(stories.model, "m", sample).fresh
     (tmp_path / "calibration.json").write_text("{broken")
     assert load_or_measure(stories.model, "m", sample).fresh  # a damaged cache is measured over
+
+
+def test_a_timed_overlap_is_at_least_its_floor_and_an_untimed_one_is_none(stories, monkeypatch, quick_calibration):
+    sample = stories.tokenizer.encode("Once upon a time")
+    monkeypatch.setattr(calibrate, "_ab", lambda queued, synchronous: 1.01)  # queuing read as no faster
+    assert calibrate.measure_overlap(stories.model, sample, one_s=0.003) == calibrate.OVERLAP_FLOOR
+    monkeypatch.setattr(calibrate, "_ab", lambda queued, synchronous: 0.8)
+    assert calibrate.measure_overlap(stories.model, sample, one_s=0.003) == pytest.approx(0.2)
+    slow = calibrate.OVERLAP_SLOW_S * 2  # building the next graph is a negligible share of such a step
+    assert calibrate.measure_overlap(stories.model, sample, one_s=slow) == 0.0
 
 
 def test_speculation_is_off_where_a_drafted_token_costs_half_a_step_or_more():

@@ -81,3 +81,16 @@ def test_the_eager_choice_is_cached_with_the_curve_and_measured_again_with_it(
     del entry[key]["eager"]  # an entry from before eager passes: its passes were timed otherwise
     path.write_text(json.dumps(entry))
     assert calibrate.load_or_measure(stories.model, "m", sample).fresh
+
+
+def test_the_calibration_runs_eagerly_every_so_many_layers_as_times_fastest_where_that_pays(
+        stories, monkeypatch):
+    sample = stories.tokenizer.encode("Once upon a time")
+    ratios = {}  # each choice's time over the plain pass's, as if timed so
+    monkeypatch.setattr(calibrate, "_ab", lambda eager_way, plain_way: ratios[eager_way.args[0]])
+    ratios.update({1: 0.95, 2: 0.90})
+    assert calibrate.measure_eager(stories.model, sample) == 2
+    ratios.update({1: 0.93, 2: 0.96})
+    assert calibrate.measure_eager(stories.model, sample) == 1
+    ratios.update({1: 0.99, 2: 1.02})  # saves less than EAGER_GAIN: not eagerly at all
+    assert calibrate.measure_eager(stories.model, sample) == 0
