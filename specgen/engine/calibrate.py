@@ -38,6 +38,7 @@ from specgen.engine.cost import (
 from specgen.engine.curve_store import (
     calibration_file,
     flat,
+    host_has_a_core,
     machine_id,
     read_store,
     save_entry,
@@ -59,7 +60,7 @@ CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider
 OVERLAP_STEPS = 8  # plain steps timed each way per round
 OVERLAP_ROUNDS = (5, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 6 (design.md)
 OVERLAP_SLOW_S = 0.1  # steps slower than this are not timed for the overlap: it is negligible
-OVERLAP_FLOOR = 0.05  # a timed overlap is taken as at least this: readings spread 0-0.1 (design.md)
+OVERLAP_FLOOR = 0.05  # ...at least this where the host has a core: readings spread 0-0.1 (design.md)
 EAGER_GAIN = 0.03  # eager passes are kept where they save at least this share of a pass (design.md)
 SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
 
@@ -183,8 +184,9 @@ def measure_eager(model, sample: list[int]) -> int:
 def measure_overlap(model, sample: list[int], one_s: float, every: int = 0) -> float:
     """The share of a plain step's time saved by queuing the next one before reading it back (as
     mlx_lm.generate_step does) over running each once the last was read (eagerly where `every`):
-    the median of the two ways' same-round ratio (`_ab`), at least OVERLAP_FLOOR; 0 when a step
-    (`one_s`) is so slow that building the next graph is a negligible share of it (not timed)."""
+    the median of the two ways' same-round ratio (`_ab`), at least OVERLAP_FLOOR where the host has
+    a core of its own (else at least 0); 0 when a step (`one_s`) is so slow that building the next
+    graph is a negligible share of it (not timed)."""
     if one_s > OVERLAP_SLOW_S:
         return 0.0
     cache, back = _primed_cache(model, sample * LONG_CONTEXT)
@@ -207,8 +209,9 @@ def measure_overlap(model, sample: list[int], one_s: float, every: int = 0) -> f
         back.rewind_to(at)
         return dt
 
-    # Read low, it prices synchronous steps and drafts too cheaply, which loses chat (design.md).
-    return max(OVERLAP_FLOOR, 1.0 - _ab(lambda: steps(True), lambda: steps(False)))
+    # Read low where the host has a core, it prices drafts too cheaply and loses chat (design.md).
+    saved = 1.0 - _ab(lambda: steps(True), lambda: steps(False))
+    return max(OVERLAP_FLOOR if host_has_a_core() else 0.0, saved)
 
 
 class Calibrated(NamedTuple):

@@ -7,6 +7,7 @@ under a lock (calibrate.py and batch_cost.py measure and save; `specgen cache` l
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -18,18 +19,40 @@ import mlx.core as mx
 from specgen.draft.store import cache_dir, locked, write_atomic
 from specgen.engine.cost import Curve
 
-VERSION = 5  # of how curves are measured (calibrate.py): curves measured otherwise are measured again
+VERSION = 6  # of how curves are measured (calibrate.py): curves measured otherwise are measured again
 
 
 def blas() -> str:
     """The BLAS that MLX's CPU matmuls run on: a preloaded library (as the README's Linux benchmarks
-    use), else the one the mlx wheel brings."""
-    return os.environ.get("LD_PRELOAD", "").strip() or "bundled BLAS"
+    use), else the one the mlx wheel brings; and on how many threads."""
+    return f"{os.environ.get('LD_PRELOAD', '').strip() or 'bundled BLAS'} ({blas_threads()} threads)"
+
+
+def blas_threads() -> int:
+    """Threads MLX's CPU matmuls run on: a loaded OpenBLAS's, else 1 (the reference BLAS the Linux
+    wheel brings runs on the calling thread)."""
+    try:
+        get = getattr(ctypes.CDLL(None), "openblas_get_num_threads", None)
+    except OSError:
+        get = None
+    return int(get()) if get is not None else 1
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def host_has_a_core() -> bool:
+    """Whether the host's Python runs beside the model's compute rather than on cores it takes from
+    it: on a GPU, or on a CPU whose matmuls leave a core free (docs/design.md, "Where the host
+    competes with the device")."""
+    return mx.default_device().type != mx.cpu or blas_threads() < cores()
 
 
 def machine_id() -> str:
     """What the curve depends on besides the model: this machine, its MLX device and version, and
-    (on the CPU) the BLAS, which changes the curve's shape."""
+    (on the CPU) the BLAS and its threads, which change the curve's shape."""
     return (f"{platform.node()}|{platform.machine()}|{mx.default_device()}|mlx {mx.__version__}"
             f"|{blas()}|v{VERSION}")
 

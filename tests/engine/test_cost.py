@@ -4,7 +4,7 @@ import pytest
 
 from specgen.draft.drafter import AdaptiveDrafter
 from specgen.draft.length import linear_cost
-from specgen.engine import calibrate
+from specgen.engine import calibrate, curve_store
 from specgen.engine.calibrate import load_or_measure
 from specgen.engine.cost import (
     Curve,
@@ -86,14 +86,24 @@ def test_calibration_is_cached_per_model_and_redone_on_request(stories, tmp_path
     monkeypatch.setenv("LD_PRELOAD", "/elsewhere/libopenblas.so.0")
     assert load_or_measure(stories.model, "m", sample).fresh
     assert not load_or_measure(stories.model, "m", sample).fresh
+    # ...and so do its threads, which also say whether the host has a core of its own.
+    monkeypatch.setattr(curve_store, "blas_threads", lambda: curve_store.cores() + 1)
+    assert not curve_store.host_has_a_core()
+    assert load_or_measure(stories.model, "m", sample).fresh
+    monkeypatch.setattr(curve_store, "blas_threads", lambda: curve_store.cores() - 1)
+    assert curve_store.host_has_a_core()
     (tmp_path / "calibration.json").write_text("{broken")
     assert load_or_measure(stories.model, "m", sample).fresh  # a damaged cache is measured over
 
 
-def test_a_timed_overlap_is_at_least_its_floor_and_an_untimed_one_is_none(stories, monkeypatch, quick_calibration):
+def test_a_timed_overlap_is_at_least_its_floor_where_the_host_has_a_core_and_an_untimed_one_is_none(
+        stories, monkeypatch, quick_calibration):
     sample = stories.tokenizer.encode("Once upon a time")
     monkeypatch.setattr(calibrate, "_ab", lambda queued, synchronous: 1.01)  # queuing read as no faster
+    monkeypatch.setattr(calibrate, "host_has_a_core", lambda: True)
     assert calibrate.measure_overlap(stories.model, sample, one_s=0.003) == calibrate.OVERLAP_FLOOR
+    monkeypatch.setattr(calibrate, "host_has_a_core", lambda: False)  # its work slows the compute
+    assert calibrate.measure_overlap(stories.model, sample, one_s=0.003) == 0.0
     monkeypatch.setattr(calibrate, "_ab", lambda queued, synchronous: 0.8)
     assert calibrate.measure_overlap(stories.model, sample, one_s=0.003) == pytest.approx(0.2)
     slow = calibrate.OVERLAP_SLOW_S * 2  # building the next graph is a negligible share of such a step
