@@ -60,7 +60,7 @@ CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider
 OVERLAP_STEPS = 8  # plain steps timed each way per round
 OVERLAP_ROUNDS = (5, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 6 (design.md)
 OVERLAP_SLOW_S = 0.1  # steps slower than this are not timed for the overlap: it is negligible
-OVERLAP_FLOOR = 0.05  # ...at least this where the host has a core: readings spread 0-0.1 (design.md)
+OVERLAP_FLOOR = 0.05  # a timed overlap counts as at least this where the host has a core (design.md)
 EAGER_GAIN = 0.03  # eager passes are kept where they save at least this share of a pass (design.md)
 SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
 

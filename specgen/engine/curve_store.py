@@ -25,8 +25,8 @@ VERSION = 6  # of how curves are measured (calibrate.py): curves measured otherw
 def blas() -> str:
     """The BLAS that MLX's CPU matmuls run on: a preloaded library (as the README's Linux benchmarks
     use), else the one the mlx wheel brings; and on how many threads."""
-    threads = blas_threads()
-    return f"{os.environ.get('LD_PRELOAD', '').strip() or 'bundled BLAS'} ({threads} thread{'s' * (threads != 1)})"
+    name, threads = os.environ.get("LD_PRELOAD", "").strip() or "bundled BLAS", blas_threads()
+    return f"{name} ({threads} thread{'s' * (threads != 1)})"
 
 
 def blas_threads() -> int:
