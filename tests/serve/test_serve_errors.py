@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import openai
@@ -111,22 +112,30 @@ def test_the_api_key_is_required_when_set_and_browsers_may_ask_first(engine):
         assert httpx.get(f"{url}/health").status_code == 200  # health needs no key
 
 
-def _held(engine, monkeypatch) -> threading.Event:
-    """Make generations wait until the returned event is set, one at a time (engine.stream) or
-    batched (Streams.step)."""
-    release, real, real_step = threading.Event(), engine.stream, Streams.step
+class Held(NamedTuple):
+    release: threading.Event  # set: held generations go on
+    entered: threading.Event  # set once the worker waits inside a held pass (nothing it holds moves)
+
+
+def _held(engine, monkeypatch) -> Held:
+    """Make generations wait until `release` is set, one at a time (engine.stream) or batched
+    (Streams.step)."""
+    held_up = Held(threading.Event(), threading.Event())
+    real, real_step = engine.stream, Streams.step
 
     def held(request, stats=None):
-        release.wait(30)
+        held_up.entered.set()
+        held_up.release.wait(30)
         yield from real(request, stats)
 
     def held_step(self):
-        release.wait(30)
+        held_up.entered.set()
+        held_up.release.wait(30)
         return real_step(self)
 
     monkeypatch.setattr(engine, "stream", held)
     monkeypatch.setattr(Streams, "step", held_step)
-    return release
+    return held_up
 
 
 def _wait(condition):
@@ -144,7 +153,7 @@ def _taken(worker) -> int:
 
 @pytest.mark.parametrize("max_batch", [1, 2])
 def test_a_full_queue_answers_429_with_retry_after(engine, monkeypatch, max_batch):
-    release = _held(engine, monkeypatch)
+    release, entered = _held(engine, monkeypatch)
     body = {"model": "demo", "messages": MSG, "max_tokens": 4}
     results = []
     with running(engine, max_queue=1, max_batch=max_batch) as (url, worker):
@@ -154,6 +163,9 @@ def test_a_full_queue_answers_429_with_retry_after(engine, monkeypatch, max_batc
                 httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code)))
             threads[-1].start()
             _wait(lambda: _taken(worker) == len(threads))
+            # Until the worker waits in a pass, a request counted as queued may still be taken
+            # into a row, freeing the queue's place for the request that should be refused.
+            _wait(entered.is_set)
         r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error"
@@ -166,7 +178,7 @@ def test_a_full_queue_answers_429_with_retry_after(engine, monkeypatch, max_batc
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("max_batch", [1, 2])
 def test_a_dead_worker_is_reported_and_fails_waiting_requests_at_once(engine, monkeypatch, max_batch):
-    release = _held(engine, monkeypatch)
+    release, _ = _held(engine, monkeypatch)
     held, held_step = engine.stream, Streams.step
 
     def dies(request, stats=None):
