@@ -38,8 +38,10 @@ class BatchWorker(Worker):
                         self._cond.wait()
                     if self._stopping and not self.active and not self._jobs:
                         return
+                    # Rows and one more to prefill: the rest stay queued (and count against
+                    # --max-queue) until a row is free, taken in arrival order.
                     admitted = []
-                    while self._jobs and len(self.streams) <= self.max_batch:
+                    while self._jobs and len(self.streams) + len(admitted) <= self.max_batch:
                         admitted.append(self._jobs.popleft())
                 for job in admitted:
                     self._admit(job)

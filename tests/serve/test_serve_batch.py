@@ -163,3 +163,40 @@ def test_a_job_whose_cancel_fails_fails_alone(demo_engine):
         after = client(url, timeout=30).chat.completions.create(**ask)
         assert worker.dead is None and worker.failed == 1 and worker.served == 2 and not worker.active
     assert after.choices[0].message.content == before.choices[0].message.content
+
+
+def test_a_burst_is_admitted_a_row_at_a_time_in_arrival_order(demo_engine, monkeypatch):
+    # The worker took every queued job whenever the batch had room (its loop's condition never
+    # changed as it took them): --max-queue bounded nothing, jobs were told they started while
+    # they waited, and were prefilled out of order.
+    from specgen.engine.batch_streams import Streams
+    from specgen.engine.options import Options
+    from specgen.serve.worker import Finished, Job, Started
+
+    release, entered, real_step = threading.Event(), threading.Event(), Streams.step
+
+    def held_step(self):
+        entered.set()
+        release.wait(30)
+        return real_step(self)
+
+    monkeypatch.setattr(Streams, "step", held_step)
+    worker = BatchWorker(demo_engine, max_queue=8, prompt_cache_bytes=0, max_batch=2)
+    got: dict[int, list] = {i: [] for i in range(6)}
+    for i in range(6):
+        ids = demo_engine.encode(PROMPTS[i])
+        worker.submit(Job(ids, Options(max_tokens=4), None, got[i].append))
+    worker.start()
+    try:
+        assert entered.wait(30)
+        started = [i for i in range(6) if any(isinstance(x, Started) for x in got[i])]
+        assert started == [0, 1, 2] and worker.queued == 3  # two rows and one prefilling
+        release.set()
+        deadline = time.monotonic() + 60
+        while not all(got[i] and isinstance(got[i][-1], Finished) for i in range(6)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        release.set()
+        worker.stop(30)
+    assert worker.served == 6 and worker.failed == 0
