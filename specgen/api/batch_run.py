@@ -18,7 +18,8 @@ from specgen import defaults
 from specgen.api.batch_file import BadLine, read_items
 from specgen.api.batch_results import ResultWriter, check_output
 from specgen.draft.stats import RunStats
-from specgen.engine.batch_streams import Streams, batch_unsupported
+from specgen.engine.batch_probe import batch_unsupported
+from specgen.engine.batch_streams import Streams
 from specgen.engine.engine import Engine, Request
 from specgen.engine.options import Options
 from specgen.errors import SpecgenError
@@ -38,7 +39,7 @@ def run_batch(engine: Engine, opts: Options, source: str, output: str | None, *,
         todo = out.resume(items)
         if len(todo) < len(items):
             say(f"resuming: {len(items) - len(todo)} of {len(items)} prompts already in {output}")
-        why = batch_unsupported(engine) if batch > 1 else None
+        why = batch_unsupported(engine.loaded.model) if batch > 1 else None
         if why:
             engine.notice(f"prompts run one at a time: {why}")
         results = (_one_at_a_time(engine, opts, todo, raw, system) if batch == 1 or why

@@ -18,7 +18,8 @@ from mlx_lm.generate_utils import BatchCounters, BatchCountersSnapshot
 
 from specgen import defaults
 from specgen.api.generate import _custom_selector, _notice, _prompt_ids, engine_for, stream_generate
-from specgen.engine.batch_streams import Streams, batch_unsupported
+from specgen.engine.batch_probe import batch_unsupported
+from specgen.engine.batch_streams import Streams
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Request
 from specgen.engine.options import Options
@@ -80,7 +81,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     ids = [_prompt_ids(engine.loaded.tokenizer, p) for p in prompts]
     if not all(ids):
         raise SettingError("prompts", "holds an empty prompt")
-    why = batch_unsupported(engine)
+    why = batch_unsupported(engine.loaded.model)
     start = BatchCountersSnapshot()
     progress = _Progress(len(ids), verbose)
     if why:

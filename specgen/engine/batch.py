@@ -29,15 +29,14 @@ from mlx_lm.models.cache import make_prompt_cache
 from specgen import defaults
 from specgen.draft.events import Drafter, Prefilled, Speculation, Step
 from specgen.draft.predictor import NGramPredictor
-from specgen.engine.batch_cache import RaggedBatch, unbatchable
+from specgen.engine.batch_cache import RaggedBatch
 from specgen.engine.batch_cost import Pricing, drafts_coming, step_drafts
 from specgen.engine.batch_pass import Pass, verdicts
-from specgen.engine.batch_probe import padding_unsupported
+from specgen.engine.batch_probe import probe
 from specgen.engine.batch_row import Row
 from specgen.engine.constrain import Constraint
 from specgen.engine.decode import PREFILL_CHUNK, check_prompt
 from specgen.engine.eager import eager
-from specgen.engine.rollback import Rollback
 from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector, read_all, settle
 from specgen.errors import InputError
 from specgen.settings import check
@@ -51,17 +50,17 @@ class Batch:
 
     def __init__(self, model, *, max_rows: int = defaults.MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
                  pricing: Pricing | None = None):
-        why = unbatchable(make_prompt_cache(model)) or padding_unsupported(model)
-        if why:
-            raise InputError(f"this model cannot run in a batch: {why}")
+        probed = probe(model)  # once per model, not per batch
+        if probed.why:
+            raise InputError(f"this model cannot run in a batch: {probed.why}")
         check(batch=max_rows, prefill_chunk=prefill_chunk)
         self.model, self.max_rows, self.prefill_chunk = model, max_rows, prefill_chunk
         self.pricing = pricing  # what steps cost by rows (None: drafters keep their own cost)
         self.rows: list[Row] = []  # the active ones, each at its `place` in the ragged cache
         self.kept: dict[Hashable, list] = {}  # finished rows' own caches (add's keep_cache)
         self.waiting: list[Row] = []
-        self.cache = RaggedBatch(len(make_prompt_cache(model)))
-        self.rollback = Rollback(make_prompt_cache(model)).how  # as a row alone says it rolls back
+        self.cache = RaggedBatch(probed.layers)
+        self.rollback = probed.rollback  # as a row alone says it rolls back
         self.queued: Pass | None = None  # a plain pass queued behind the last one, not read yet
         self.wasted = 0  # queued passes never read: every row had left (as mlx-lm's last step)
         self.counters = BatchCounters()  # mlx-lm's: prompt and decode tokens, steps and seconds

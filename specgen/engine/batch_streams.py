@@ -3,25 +3,19 @@ up and answers it alone (Engine.plan, responder.Responder): the surface that the
 and `run --prompts --batch` drive, one thread stepping it.
 
 Drafts are priced by the measured cost of a batched step (batch_cost.py, measured once per model
-and machine, before the first request that drafts adaptively). A model whose caches cannot batch
-(`unbatchable`) is the caller's to run one request at a time.
+and machine, before the first request that drafts adaptively). A model that cannot batch
+(batch_probe.batch_unsupported) is the caller's to run one request at a time.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Hashable
-
-import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
 from specgen.draft.stats import RunStats
 from specgen.engine import batch_cost
 from specgen.engine.batch import Batch
-from specgen.engine.batch_cache import RaggedBatch, unbatchable
-from specgen.engine.batch_probe import padding_unsupported
 from specgen.engine.curve_store import batch_calibration_file
 from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.engine import Engine, Request
@@ -30,43 +24,6 @@ from specgen.engine.responder import Responder, Response
 # (model's calibration key, rows, calibration file) -> its pricing: another cache directory
 # (SPECGEN_CACHE_DIR changed in this process) is read, or measured into, on its own.
 _PRICED: dict[tuple, batch_cost.Pricing] = {}
-PROBE = ([3, 4, 5, 6, 7], [8, 9])  # two rows of different lengths (token ids any vocabulary has)
-_PROBED: dict[int, tuple[weakref.ref, str | None]] = {}  # id(model) -> (the model, batch_unsupported's answer)
-
-
-def batch_unsupported(engine: Engine) -> str | None:
-    """Why this engine's model cannot decode in a batch (then requests run one at a time): its
-    cache layers, or its forward pass failing on per-row positions (a model that reads the cache
-    offset as one number) or choosing otherwise than alone, on a probe of a few tokens (once per
-    model: six passes, 0.17 s of every batch_generate call on a 32-layer model on the CPU)."""
-    model = engine.loaded.model
-    ref, why = _PROBED.get(id(model), (None, None))
-    if ref is None or ref() is not model:
-        why = _probe(model)
-        _PROBED[id(model)] = weakref.ref(model), why
-    return why
-
-
-def _probe(model) -> str | None:
-    why = unbatchable(make_prompt_cache(model)) or padding_unsupported(model)
-    if why:
-        return why
-    try:
-        alone = [mx.argmax(model(mx.array([p], mx.uint32), cache=make_prompt_cache(model))[0, -1]).item()
-                 for p in PROBE]
-        caches = [make_prompt_cache(model) for _ in PROBE]
-        for p, cache in zip(PROBE, caches):
-            model(mx.array([p[:-1]], mx.uint32), cache=cache)
-        batch = RaggedBatch(len(caches[0]))
-        batch.add(caches)
-        batch.slots.begin([1] * len(PROBE))
-        together = mx.argmax(model(mx.array([[p[-1]] for p in PROBE], mx.uint32), cache=batch.layers)[:, -1],
-                             axis=-1).tolist()
-    except Exception as e:  # noqa: BLE001 - any failure means: not this way
-        return f"its forward pass does not take per-row positions ({type(e).__name__}: {e})"
-    if together != alone:
-        return "its batched forward pass chooses otherwise than a single-sequence one"
-    return None
 
 
 @dataclass

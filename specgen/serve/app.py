@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from specgen.engine.batch_streams import batch_unsupported
+from specgen.engine.batch_probe import batch_unsupported
 from specgen.engine.engine import Engine
 from specgen.serve import anthropic
 from specgen.serve.anthropic import CountRequest, MessagesRequest
@@ -59,7 +59,7 @@ def error_body(path: str, e: ApiError) -> dict:
 def _worker(engine: Engine, config: ServeConfig) -> Worker:
     """The generation thread: requests decoded together up to --max-batch, where the model's
     caches batch (else one at a time, said once)."""
-    why = batch_unsupported(engine) if config.max_batch > 1 else None
+    why = batch_unsupported(engine.loaded.model) if config.max_batch > 1 else None
     if why:
         _log.warning("requests run one at a time: %s", why)
     if config.max_batch > 1 and not why:

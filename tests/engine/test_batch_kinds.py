@@ -164,16 +164,29 @@ def test_a_model_whose_state_layers_read_padding_is_refused_by_name():
         assert (padding_unsupported(model) is not None) == reads
 
 
-def test_the_server_probe_batches_these_kinds_and_names_what_it_refuses():
-    from types import SimpleNamespace
+def test_a_new_batch_of_a_probed_model_probes_nothing_and_makes_no_caches(monkeypatch):
+    # Every Batch (every batch_generate call) built three throwaway prompt caches and probed its
+    # state layers again.
+    import specgen.engine.batch_probe as batch_probe
 
+    model = tiny_model("qwen3_next")
+    Batch(model, max_rows=2)
+    made = []
+    real = batch_probe.make_prompt_cache
+    monkeypatch.setattr(batch_probe, "make_prompt_cache", lambda m: made.append(m) or real(m))
+    monkeypatch.setattr("specgen.engine.batch.make_prompt_cache", lambda m: made.append(m) or real(m))
+    batch = Batch(model, max_rows=2)
+    assert made == [] and batch.rollback == Batch(model).rollback and batch.rollback.startswith("restore")
+
+
+def test_the_server_probe_batches_these_kinds_and_names_what_it_refuses():
     from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache
 
     from specgen.engine.batch_cache import unbatchable
-    from specgen.engine.batch_streams import batch_unsupported
+    from specgen.engine.batch_probe import batch_unsupported
 
     for arch in [*KINDS, "mamba"]:
-        why = batch_unsupported(SimpleNamespace(loaded=SimpleNamespace(model=tiny_model(arch))))
+        why = batch_unsupported(tiny_model(arch))
         assert (why is None) == (arch != "mamba"), (arch, why)
     why = unbatchable([KVCache(), QuantizedKVCache(), CacheList(KVCache())])
     assert why == "its cache layers (CacheList, QuantizedKVCache) do not batch by per-row ends"
