@@ -87,6 +87,7 @@ class RunStats:
     prediction_accepted: int = 0  # ...and were accepted
     output_ids: list[int] = field(default_factory=list, repr=False)  # every token emitted
     stop_token: int | None = None  # the stop token that ended it, if one did (not in output_ids)
+    stop_string: str | None = None  # the stop string that ended the text, if one did
     _start: float = field(default_factory=time.perf_counter, repr=False)
     _decode_start: float | None = field(default=None, repr=False)
 

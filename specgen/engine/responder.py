@@ -56,7 +56,7 @@ class Responder:
                 self.detok.finalize()
             segment, stopped = self.text.add(self.detok.last_segment)
             if stopped:
-                stats.stop_reason = "stop"
+                stats.stop_reason, stats.stop_string = "stop", self.text.matched
             finish = stats.finish_reason if stopped or i == last else None
             out.append(self._made(token, segment + (self.text.flush() if finish else ""), i < event.accepted,
                                   finish))

@@ -11,16 +11,18 @@ class StopText:
         self.stops = tuple(stops)
         self._held = ""  # the tail that could be the start of a stop string
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (the first listed of those at its place)
 
     def add(self, segment: str) -> tuple[str, bool]:
         """(text to hand out now, whether a stop string just appeared: nothing follows it)."""
         if not self.stops:
             return segment, False
         text = self._held + segment
-        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        found = [(at, s) for s in self.stops if (at := text.find(s)) >= 0]
         if found:
+            at, self.matched = min(found, key=lambda f: f[0])
             self._held, self.stopped = "", True
-            return text[: min(found)], True
+            return text[:at], True
         keep = max((n for s in self.stops for n in range(min(len(s) - 1, len(text)), 0, -1)
                     if text.endswith(s[:n])), default=0)
         self._held = text[len(text) - keep:] if keep else ""

@@ -72,7 +72,6 @@ class Turn:
     def __init__(self, engine: Engine, ids: list[int], generation: Generation, splitter: Splitter | None,
                  label: str):
         self.engine, self.splitter, self.label = engine, splitter, label
-        self.stops = generation.options.stop
         loop = asyncio.get_running_loop()
         self.items: asyncio.Queue = asyncio.Queue()
         self.job = Job(ids, generation.options, generation.prediction,
@@ -120,12 +119,7 @@ class Turn:
         reason = stats.finish_reason or "stop"
         if reason == "stop" and self.splitter is not None and self.splitter.called:
             return Done(stats, "tool_calls")
-        stop = None
-        if stats.stop_reason == "stop" and stats.stop_token is None and self.stops:
-            text = self.engine.loaded.tokenizer.decode(stats.output_ids)  # the first stop string in it
-            found = [(text.find(s), i) for i, s in enumerate(self.stops) if s in text]
-            stop = self.stops[min(found)[1]] if found else None
-        return Done(stats, reason, stop)
+        return Done(stats, reason, stats.stop_string)
 
 
 async def respond(request: HttpRequest, turn: Turn, builder: Builder, stream: bool):

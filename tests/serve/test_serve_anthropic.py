@@ -235,3 +235,17 @@ def test_a_client_that_leaves_is_cancelled(paced_engine):  # answers too slowly 
     body = {"model": "claude", "max_tokens": 100000, "messages": MSG}
     with running(paced_engine) as (url, _):
         assert leave_mid_stream(url, "/v1/messages", body, lines=8) == CANCELLED
+
+
+def test_the_stop_sequence_is_the_one_the_stream_stopped_on_without_decoding_the_output_again(served, monkeypatch):
+    # The turn decoded the whole output again to find which stop string matched.
+    url, worker = served
+    c = anthropic_client(url)
+    text = c.messages.create(model="claude", max_tokens=24, messages=MSG).content[0].text
+    first, later = text.split()[2], text.split()[4]
+    decoded = []
+    tokenizer = worker.engine.loaded.tokenizer
+    monkeypatch.setattr(tokenizer._tokenizer, "decode", lambda ids, *a, **k: decoded.append(ids) or "")
+    stopped = c.messages.create(model="claude", max_tokens=24, messages=MSG, stop_sequences=[later, first])
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", first)
+    assert stopped.content[0].text == text[:text.index(first)] and decoded == []
