@@ -1,12 +1,14 @@
 """Continuous batching with per-sequence speculation: many sequences, one forward pass a step.
 
-`Batch` holds the active rows (each with its own drafter, draft length, selector and seed, stop
-rules and place in a ragged cache, batch_cache.py) and the waiting ones. Each `step` prefills up
+`Batch` holds the active rows (each a Sequence, sequence.py: its own drafter, draft length,
+selector and seed, stop rules and grammar; and its place in a ragged cache, batch_cache.py) and
+the waiting ones. Each `step` prefills up
 to one chunk's worth of prompt tokens (a piece of a long prompt, or several whole short ones, each
 on a cache of its own; a prompt joins the batch when done, so a long one does not freeze the
 running rows), then runs ONE forward pass over every active row's last token plus its draft,
-rows padded to the widest, and judges each row on its own as decode.generate does: a row emits the
-longest accepted prefix of its draft plus the model's next token, and keeps just those entries.
+rows padded to the widest, and judges each row by its sequence's rules, as decode.generate does:
+a row emits the longest accepted prefix of its draft plus the model's next token, and keeps just
+those entries.
 Rows join and leave between steps. Where every row feeds one token, the next pass is queued
 behind the one in flight before it is read (batch_pass.py), as mlx-lm's BatchGenerator queues.
 
@@ -19,7 +21,8 @@ recomputed by a one-position pass over the row's own entries, as decode.py does.
 from __future__ import annotations
 
 import time
-from typing import Hashable, Iterator, Sequence
+from typing import Hashable, Iterator
+from typing import Sequence as Ids
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -27,17 +30,16 @@ from mlx_lm.generate_utils import BatchCounters
 from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
-from specgen.draft.events import Drafter, Prefilled, Speculation, Step
-from specgen.draft.predictor import NGramPredictor
+from specgen.draft.events import Prefilled, Step
 from specgen.engine.batch_cache import RaggedBatch
 from specgen.engine.batch_cost import Pricing, drafts_coming, step_drafts
 from specgen.engine.batch_pass import Pass, verdicts
 from specgen.engine.batch_probe import probe
 from specgen.engine.batch_row import Row
-from specgen.engine.constrain import Constraint
-from specgen.engine.decode import PREFILL_CHUNK, check_prompt
+from specgen.engine.decode import PREFILL_CHUNK
 from specgen.engine.eager import eager
-from specgen.engine.sampling import CUSTOM_OFF, GREEDY, MlxLmSampling, Selector, read_all, settle
+from specgen.engine.sampling import read_all
+from specgen.engine.sequence import Sequence, as_sequence
 from specgen.errors import InputError
 from specgen.settings import check
 
@@ -69,32 +71,23 @@ class Batch:
     def busy(self) -> bool:
         return bool(self.rows or self.waiting)
 
-    def add(self, key: Hashable, prompt: Sequence[int], *, drafter: Drafter | None = None,
-            draft: int = defaults.DRAFT_LEN, max_tokens: int = defaults.MAX_TOKENS,
-            stop_tokens: frozenset[int] | set[int] = frozenset(), context_length: int | None = None,
-            selector: Selector = GREEDY, off: str | None = None, prompt_cache: list | None = None,
-            cached: int = 0, drafter_fed: int = 0, keep_cache: bool = False,
-            constraint: Constraint | None = None) -> None:
-        """Queue a sequence; it joins once prefilled. Arguments as decode.generate's (a
-        `prompt_cache` is one of the model's own, holding the first `cached` prompt tokens).
-        With `keep_cache`, once it finishes (or is cancelled after joining) `kept[key]` is a cache
-        of its own holding its prompt and output but the last token (as decode.generate leaves
-        its cache, closed early or not). `constraint`: the row's own grammar (constrain.py)."""
-        check_prompt(prompt, max_tokens=max_tokens, draft=draft, context_length=context_length, cached=cached)
+    def add(self, key: Hashable, prompt: Ids[int] | Sequence, *, prompt_cache: list | None = None,
+            cached: int = 0, keep_cache: bool = False, **settings) -> None:
+        """Queue a sequence; it joins once prefilled. `prompt` is a Sequence, or token ids with a
+        Sequence's settings as keywords, as decode.generate takes them (a `prompt_cache` is one of
+        the model's own, holding the first `cached` prompt tokens). With `keep_cache`, once it
+        finishes (or is cancelled after joining) `kept[key]` is a cache of its own holding its
+        prompt and output but the last token (as decode.generate leaves its cache, closed early
+        or not)."""
+        seq = as_sequence(prompt, settings)
+        seq.check_cached(cached)
         if prompt_cache is None and cached:
             raise ValueError("cached must be 0 without a prompt_cache")
         if any(r.key == key for r in self.rows + self.waiting):
             raise ValueError(f"key {key!r} is already in the batch")
-        if isinstance(selector, MlxLmSampling):
-            off = off or CUSTOM_OFF
-        on = not off and draft > 0
-        speculation = Speculation(True, rollback=self.rollback) if on else Speculation(
-            False, off or "draft length is 0")
-        row = Row(key, list(prompt), drafter if drafter is not None else NGramPredictor(), selector,
-                  draft if on else 0, max_tokens, frozenset(stop_tokens), context_length, speculation,
-                  cache=prompt_cache if prompt_cache is not None else make_prompt_cache(self.model),
-                  prefilled=cached, fed=drafter_fed, keep_cache=keep_cache, constraint=constraint)
-        self.waiting.append(row)
+        seq.start(self.rollback)
+        self.waiting.append(Row(key, seq, prompt_cache if prompt_cache is not None else make_prompt_cache(self.model),
+                                prefilled=cached, keep_cache=keep_cache))
 
     def cancel(self, key: Hashable) -> bool:
         """Drop a sequence, waiting or active; whether it was there. The others go on unchanged.
@@ -133,27 +126,25 @@ class Batch:
             # The prompt with the least left goes first, so a short request is not stuck behind
             # a long one, each step waited counting as a chunk done, so a long one is not
             # starved by a stream of short ones.
-            row = min(self.waiting, key=lambda r: len(r.prompt) - r.prefilled - r.waited * self.prefill_chunk)
-            left = len(row.prompt) - 1 - row.prefilled
+            row = min(self.waiting, key=lambda r: len(r.seq.prompt) - r.prefilled - r.waited * self.prefill_chunk)
+            left = len(row.seq.prompt) - 1 - row.prefilled
             if budget < self.prefill_chunk and left > budget:
                 break
             if left:
                 n = min(left, budget)
                 start = time.perf_counter()
-                self.model(mx.array([row.prompt[row.prefilled : row.prefilled + n]], mx.uint32), cache=row.cache)
+                self.model(mx.array([row.seq.prompt[row.prefilled : row.prefilled + n]], mx.uint32), cache=row.cache)
                 mx.eval([c.state for c in row.cache])
                 self.counters.prompt_time += time.perf_counter() - start
                 self.counters.prompt_tokens += n
                 row.prefilled += n
                 budget -= n
-            if row.prefilled < len(row.prompt) - 1:
+            if row.prefilled < len(row.seq.prompt) - 1:
                 break
             self.waiting.remove(row)
             self.rows.append(row)
             joined.append(row)
-            if row.speculation.on:
-                row.drafter.feed(row.prompt[row.fed:])
-            events.append((row.key, Prefilled(len(row.prompt), row.speculation)))
+            events.append((row.key, row.seq.prefilled()))
         if joined:  # all at once: rows appended to the cache cost one copy
             places = self.cache.add([r.cache for r in joined], [r.prefilled for r in joined])
             for row, place in zip(joined, places):
@@ -167,7 +158,7 @@ class Batch:
         active = {id(r) for r in self.rows}  # a row cancelled since `cur` was queued is not judged
         ours = [i for i, r in enumerate(cur.rows) if id(r) in active and i not in cur.dropped]
         chosen = read_all(cur.verdict, [len(d) + 1 for d in cur.drafts])  # the step's one read
-        judged = {i: cur.rows[i].judge(chosen[i], cur.logits[cur.rows[i].place, a : a + len(d) + 1], d)
+        judged = {i: cur.rows[i].seq.judge(chosen[i], cur.logits[cur.rows[i].place, a : a + len(d) + 1], d)
                   for i in ours for d, a in [(cur.drafts[i], cur.again[i])]}
         if not cur.plain:
             # A near-tied row keeps the entries up to the tied position's input, fed again alone
@@ -182,8 +173,8 @@ class Batch:
             if tied is not None:
                 if cur.plain:  # committed at launch: take back what the tie makes wrong
                     self._untie(r, behind)
-                tokens, matched = self._confirm(r, [*r.history, *d][r.pos - 1 + tied], d, tied)
-            step = r.finish(tokens, len(d), matched, tied is not None, cur.queued)
+                tokens, matched = self._confirm(r, [*r.seq.history, *d][r.seq.pos - 1 + tied], d, tied)
+            step = r.seq.finish(tokens, len(d), matched, tied is not None, cur.queued)
             events.append((r.key, step))
             if step.stop_reason:
                 done.add(index[id(r)])
@@ -206,7 +197,7 @@ class Batch:
         drafts = step_drafts(self.rows, self.pricing, self.cache.rows, self.cache.slots.end)
         fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
         for r, d in zip(self.rows, drafts):
-            fed[r.place] = [*r.history[self.cache.slots.lengths[r.place]:], *d]
+            fed[r.place] = [*r.seq.history[self.cache.slots.lengths[r.place]:], *d]
         width = max(map(len, fed))
         x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
         self.cache.begin([len(f) for f in fed])
@@ -226,7 +217,7 @@ class Batch:
         grammar), or a draft some row would make at its next step could be kept."""
         if (not cur.plain or cur.dropped or len(cur.rows) != len(self.rows)
                 or (self.waiting and len(self.rows) < self.max_rows)
-                or not all(r.queues for r in self.rows)):
+                or not all(r.seq.queues for r in self.rows)):
             return None
         if drafts_coming(self.rows, self.pricing, self.cache.rows, self.cache.slots.end):
             return None
@@ -257,11 +248,8 @@ class Batch:
     def _confirm(self, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:
         """Choose the near-tied position `n` of `row` as plain decoding does: a one-position pass
         of its input `token` over the row's own entries before it, alone."""
-        alone = self._alone(row, row.pos - 1 + n, [*row.history, *drafts])
-        logits = self.model(mx.array([[token]], mx.uint32), cache=alone)[0, -1]
-        if row.constraint is not None:
-            return settle(drafts, n, row.constraint.pick(logits, row.history, row.pos + n, after=drafts[:n]))
-        return settle(drafts, n, row.selector.pick(logits, row.history, row.pos + n).item())
+        alone = self._alone(row, row.seq.pos - 1 + n, [*row.seq.history, *drafts])
+        return row.seq.choose(self.model(mx.array([[token]], mx.uint32), cache=alone)[0, -1], drafts, n)
 
     def _alone(self, row: Row, upto: int, tokens: list[int]) -> list:
         """A cache of `row`'s own holding `tokens[:upto]`: its entries copied out of the batch,
@@ -285,7 +273,7 @@ class Batch:
                 self.queued.dropped.add(at)
             if self.rows[i].keep_cache:
                 r = self.rows[i]
-                self.kept[r.key] = self._alone(r, r.pos - 1, r.history)
+                self.kept[r.key] = self._alone(r, r.seq.pos - 1, r.seq.history)
         self.cache.drop([self.rows[i].place for i in rows])
         self.rows = [r for i, r in enumerate(self.rows) if i not in rows]
         if not self.rows and self.queued is not None:

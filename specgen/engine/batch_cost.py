@@ -233,17 +233,17 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
     its cost over all rows, and longer drafts are drafted again to fit it."""
     if pricing is None or count == 1:
         for r in rows:
-            _price(r.drafter, r.own_cost)
-        return [r.draft(on=True) for r in rows]
+            _price(r.seq.drafter, r.own_cost)
+        return [r.seq.step_draft(on=True) for r in rows]
     cost = pricing.drafting(count, slots)
     drafts = []
     for r in rows:
         priced = r.own_cost is not None
         if priced and cost is not None:
-            _price(r.drafter, cost)
-        drafts.append(r.draft(on=not priced or cost is not None))
-    k = best_width([r.acceptance for r in rows], [len(d) for d in drafts], pricing.step(count, slots))
-    return [d if len(d) <= k else r.draft(on=True, most=k) for r, d in zip(rows, drafts)]
+            _price(r.seq.drafter, cost)
+        drafts.append(r.seq.step_draft(on=not priced or cost is not None))
+    k = best_width([r.seq.acceptance for r in rows], [len(d) for d in drafts], pricing.step(count, slots))
+    return [d if len(d) <= k else r.seq.step_draft(on=True, most=k) for r, d in zip(rows, drafts)]
 
 
 def drafts_coming(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> bool:
@@ -253,9 +253,9 @@ def drafts_coming(rows: list[Row], pricing: Pricing | None, count: int, slots: i
     draft" ran a third of chat's steps synchronously for drafts the width then cut to nothing.)"""
     alone = pricing is None or count == 1
     on = alone or pricing.drafting(count, slots) is not None
-    wants = [r.would_draft(on or r.own_cost is None) for r in rows]
-    return any(wants) and (alone or best_width([r.acceptance for r in rows],
-                                               [r.cap if w else 0 for r, w in zip(rows, wants)],
+    wants = [r.seq.would_draft(on or r.own_cost is None) for r in rows]
+    return any(wants) and (alone or best_width([r.seq.acceptance for r in rows],
+                                               [r.seq.cap if w else 0 for r, w in zip(rows, wants)],
                                                pricing.step(count, slots), every=True) > 0)
 
 

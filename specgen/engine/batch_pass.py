@@ -40,14 +40,14 @@ class Pass:
 
 
 def verdicts(logits: mx.array, rows: list[Row], spans: list[tuple[int, int]], ahead: int = 0) -> mx.array:
-    """Every row's lazy verdict (row.verdict) on its `spans` (first position, count) of a pass's
+    """Every row's lazy verdict (row.seq.verdict) on its `spans` (first position, count) of a pass's
     logits, concatenated in `rows`' order. Greedy rows' in one set of reductions over the whole
     pass and one gather: a set per row cost ~15% of a plain step of 4 rows on the CPU proxy
     (MLX's CPU stream runs each small op as a task of its own)."""
-    if all(r.selector is GREEDY for r in rows):
+    if all(r.seq.selector is GREEDY for r in rows):
         width = logits.shape[1]
         every = GREEDY.verdict(logits.reshape(-1, logits.shape[-1]), 0)
         at = [r.place * width + a + j for r, (a, n) in zip(rows, spans) for j in range(n)]
         return every[:, mx.array(at, mx.int32)]
-    return mx.concatenate([r.verdict(logits[r.place, a : a + n], ahead) for r, (a, n) in zip(rows, spans)],
+    return mx.concatenate([r.seq.verdict(logits[r.place, a : a + n], ahead) for r, (a, n) in zip(rows, spans)],
                           axis=1)

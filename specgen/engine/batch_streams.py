@@ -56,15 +56,12 @@ class Streams:
         finishes. Returns its RunStats (filled in as it goes)."""
         stats = stats or RunStats()
         plan = self.engine.plan(request, stats)
-        if self.batch.pricing is None and request.options.draft is None and not plan.off:
+        if self.batch.pricing is None and request.options.draft is None and not plan.sequence.off:
             self.batch.pricing = self._pricing()
-        self.batch.add(key, list(request.ids), drafter=plan.drafter, draft=plan.cap,
-                       max_tokens=request.options.max_tokens, stop_tokens=plan.stop_ids,
-                       context_length=self.engine.loaded.context_length, selector=plan.selector,
-                       off=plan.off, prompt_cache=request.prompt_cache, cached=request.cached,
-                       drafter_fed=plan.drafter_fed, keep_cache=keep_cache, constraint=plan.constraint)
+        self.batch.add(key, plan.sequence, prompt_cache=request.prompt_cache, cached=request.cached,
+                       keep_cache=keep_cache)
         self._open[key] = _Open(request, stats, Responder(self.engine.loaded.tokenizer, request.options.stop,
-                                                          stats, plan.drafter))
+                                                          stats, plan.sequence.drafter))
         return stats
 
     def cancel(self, key: Hashable) -> list | None:

@@ -2,7 +2,8 @@
 
 `Engine` owns one model (weights, tokenizer, stop tokens, context length), its measured verify
 cost (measured at most once per engine, before the first request that drafts) and its memory of
-earlier outputs. `Engine.stream(Request)` runs decode.generate on the request's `plan` and turns
+earlier outputs. `Engine.plan` makes a request's Sequence (sequence.py), the one set of rules
+every loop runs it by; `Engine.stream(Request)` runs decode.generate on it and turns
 its steps into one `Response` per token (responder.py): mlx-lm's GenerationResponse, with
 specgen's running `stats`; the batch engine (batch_streams.py) uses the same plan and responses. The CLI,
 batch runs, the Python API (api/generate.py) and the server all call it, so they cannot disagree on
@@ -17,7 +18,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterator, NamedTuple
+from typing import Sequence as Ids
 
 from specgen import defaults
 from specgen.draft.drafter import AdaptiveDrafter, make_drafter
@@ -30,6 +32,7 @@ from specgen.engine.options import Options
 from specgen.engine.prompts import encode_prompt
 from specgen.engine.responder import Responder, Response
 from specgen.engine.sampling import MlxLmSampling, Selector, make_selector
+from specgen.engine.sequence import Sequence
 from specgen.errors import SettingError
 from specgen.structured.grammar import Grammars
 
@@ -38,17 +41,12 @@ MEMORY_SAVE_S = 30.0  # a memory that learns is saved at most this often (and by
 
 
 class Plan(NamedTuple):
-    """How one request generates (Engine.plan): decode.generate's arguments beyond the request's."""
+    """How one request generates (Engine.plan): its sequence, which every loop runs by the same
+    rules, and how the single-sequence loop queues and prices its passes."""
 
-    drafter: object  # an AdaptiveDrafter or NGramPredictor
-    selector: Selector
-    cap: int  # most drafted tokens a step
-    off: str | None  # why not to speculate
+    sequence: Sequence  # its settings (drafter, selector, cap, limits, stops, grammar) and output
     queue_after: int | None  # the single-sequence loop's queuing policy (cost.queue_after)
     prices: StepPrices | None  # how the loop weighs steps and queues passes (None: unmeasured)
-    stop_ids: frozenset[int]
-    drafter_fed: int  # prompt tokens the drafter was already fed
-    constraint: Constraint | None  # the grammar the output obeys (options.response_format)
 
 
 @dataclass
@@ -58,11 +56,11 @@ class Request:
     source only; `selector` overrides the options' sampling (an mlx-lm sampler: no drafts);
     `stop_ids` overrides the model's stop tokens."""
 
-    ids: Sequence[int]
+    ids: Ids[int]
     options: Options = field(default_factory=Options)
     prompt_cache: list | None = None
     cached: int = 0
-    prediction: str | Sequence[int] | None = None
+    prediction: str | Ids[int] | None = None
     selector: Selector | None = None
     stop_ids: frozenset[int] | None = None
     off: str | None = None  # why not to speculate, decided by the caller
@@ -111,7 +109,7 @@ class Engine:
             self._grammars = Grammars(self.loaded.tokenizer, self.loaded.stop_ids)
         return self._grammars
 
-    def constraint(self, opts: Options, selector: Selector, prompt: Sequence[int] = ()) -> Constraint | None:
+    def constraint(self, opts: Options, selector: Selector, prompt: Ids[int] = ()) -> Constraint | None:
         """The grammar `opts.response_format` asks for, fresh for one generation from `prompt`
         (None: none)."""
         if opts.response_format is None:
@@ -163,7 +161,7 @@ class Engine:
                     self.notice(warning)
         self._saved_at = time.monotonic()
 
-    def new_drafter(self, opts: Options, prediction: Sequence[int] | None = None, *, measured: bool = True):
+    def new_drafter(self, opts: Options, prediction: Ids[int] | None = None, *, measured: bool = True):
         """The drafter a generation with `opts` starts from: the adaptive one (drafting from the
         memory with `opts.memory`, choosing lengths by the measured cost unless not `measured`)
         unless `opts.draft` fixes the length."""
@@ -201,10 +199,12 @@ class Engine:
         # A grammar's forced tokens are near-certain drafts: they pay where the drafter's own cannot
         # on average, which it still weighs draft by draft.
         off = request.off or (found.off if found and constraint is None else None)
-        return Plan(drafter, selector, mode.cap, off,
-                    found.queue_after if found else None, found.prices if found else None,
-                    self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
-                    request.drafter_fed if drafter is request.drafter else 0, constraint)
+        sequence = Sequence(list(request.ids), drafter=drafter, draft=mode.cap, max_tokens=opts.max_tokens,
+                            stop_tokens=self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
+                            context_length=self.loaded.context_length, selector=selector, off=off,
+                            constraint=constraint,
+                            drafter_fed=request.drafter_fed if drafter is request.drafter else 0)
+        return Plan(sequence, found.queue_after if found else None, found.prices if found else None)
 
     def stream(self, request: Request, stats: RunStats | None = None) -> Iterator[Response]:
         """Generate: one Response per emitted token, the last with a finish_reason. Closing the
@@ -213,13 +213,9 @@ class Engine:
         it is made) is filled in as it goes, for a caller that needs it even if nothing comes."""
         stats = stats or RunStats()
         plan = self.plan(request, stats)
-        events = decode.generate(self.loaded.model, list(request.ids), drafter=plan.drafter, draft=plan.cap,
-                                 max_tokens=request.options.max_tokens, stop_tokens=plan.stop_ids,
-                                 context_length=self.loaded.context_length, prompt_cache=request.prompt_cache,
-                                 cached=request.cached, selector=plan.selector, drafter_fed=plan.drafter_fed,
-                                 queue_after=plan.queue_after, off=plan.off, prices=plan.prices,
-                                 constraint=plan.constraint)
-        responder = Responder(self.loaded.tokenizer, request.options.stop, stats, plan.drafter)
+        events = decode.generate(self.loaded.model, plan.sequence, prompt_cache=request.prompt_cache,
+                                 cached=request.cached, queue_after=plan.queue_after, prices=plan.prices)
+        responder = Responder(self.loaded.tokenizer, request.options.stop, stats, plan.sequence.drafter)
         try:
             for event in events:
                 yield from responder.take(event)
