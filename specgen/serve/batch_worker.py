@@ -12,13 +12,9 @@ job's own admission, cancel or finish fails that job alone: never the thread.
 
 from __future__ import annotations
 
-import logging
-
 from specgen.engine.batch_streams import Streams
 from specgen.engine.engine import Engine
-from specgen.serve.worker import Finished, Job, Prepared, Started, Worker, dead_error, stopping_error
-
-_log = logging.getLogger("specgen.serve")
+from specgen.serve.worker import Finished, Job, Prepared, Started, Worker
 
 
 class BatchWorker(Worker):
@@ -30,36 +26,27 @@ class BatchWorker(Worker):
         self.streams = Streams(engine, max_rows=max_batch)
         self.active: dict[int, tuple[Job, Prepared]] = {}  # id(job) -> the job and its request
 
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cond:
-                    while not self._jobs and not self.active and not self._stopping:
-                        self._cond.wait()
-                    if self._stopping and not self.active and not self._jobs:
-                        return
-                    # Rows and one more to prefill: the rest stay queued (and count against
-                    # --max-queue) until a row is free, taken in arrival order.
-                    admitted = []
-                    while self._jobs and len(self.streams) + len(admitted) <= self.max_batch:
-                        admitted.append(self._jobs.popleft())
-                for job in admitted:
-                    self._admit(job)
-                self._drop_cancelled()
-                if self.streams.busy:
-                    self._step()
-                self.running = next(iter(self.active.values()))[0] if self.active else None
-        except BaseException as e:
-            self.dead = f"{type(e).__name__}: {e}"
-            _log.critical("the generation worker died: %s", self.dead)
-            for job, _ in self.active.values():
-                job.deliver(dead_error(self.dead))
-            raise
-        finally:
+    def _loop(self) -> None:
+        while True:
             with self._cond:
-                left, self._jobs = list(self._jobs), type(self._jobs)()
-            for job in left:
-                job.deliver(dead_error(self.dead) if self.dead else stopping_error())
+                while not self._jobs and not self.active and not self._stopping:
+                    self._cond.wait()
+                if self._stopping and not self.active and not self._jobs:
+                    return
+                # Rows and one more to prefill: the rest stay queued (and count against
+                # --max-queue) until a row is free, taken in arrival order.
+                admitted = []
+                while self._jobs and len(self.streams) + len(admitted) <= self.max_batch:
+                    admitted.append(self._jobs.popleft())
+            for job in admitted:
+                self._admit(job)
+            self._drop_cancelled()
+            if self.streams.busy:
+                self._step()
+            self.running = next(iter(self.active.values()))[0] if self.active else None
+
+    def _holding(self) -> list[Job]:
+        return [job for job, _ in self.active.values()]
 
     def stop_soon(self) -> None:
         """Refuse new jobs and cancel the running ones and every waiting one (returns at once)."""

@@ -140,30 +140,40 @@ class Worker:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        """The thread: `_loop` until it returns, and should it ever raise, say why (`dead`), tell
+        the jobs it held (`_holding`) and fail every waiting one at once."""
         try:
-            while True:
-                with self._cond:
-                    while not self._jobs and not self._stopping:
-                        self._cond.wait()
-                    if not self._jobs:
-                        return
-                    job = self.running = self._jobs.popleft()
-                try:
-                    self._serve(job)
-                except Exception as e:  # this request's failure, reported to it alone
-                    self._failed(job, e)
-                self.running = None
+            self._loop()
         except BaseException as e:
             self.dead = f"{type(e).__name__}: {e}"
             _log.critical("the generation worker died: %s", self.dead)
-            if self.running is not None:
-                self.running.deliver(dead_error(self.dead))
+            for job in self._holding():
+                job.deliver(dead_error(self.dead))
             raise
         finally:
             with self._cond:
                 left, self._jobs = list(self._jobs), deque()
             for job in left:
                 job.deliver(dead_error(self.dead) if self.dead else stopping_error())
+
+    def _loop(self) -> None:
+        """Serve queued jobs one at a time until stopped with none left."""
+        while True:
+            with self._cond:
+                while not self._jobs and not self._stopping:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                job = self.running = self._jobs.popleft()
+            try:
+                self._serve(job)
+            except Exception as e:  # this request's failure, reported to it alone
+                self._failed(job, e)
+            self.running = None
+
+    def _holding(self) -> list[Job]:
+        """The jobs the thread has taken and not finished."""
+        return [self.running] if self.running is not None else []
 
     def _serve(self, job: Job) -> None:
         if self._skipped(job):
