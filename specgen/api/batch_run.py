@@ -19,6 +19,7 @@ from specgen.api.batch_file import BadLine, read_items
 from specgen.api.batch_results import ResultWriter, check_output
 from specgen.draft.stats import RunStats
 from specgen.engine.batch_probe import batch_unsupported
+from specgen.draft.events import Failed
 from specgen.engine.batch_streams import Streams
 from specgen.engine.engine import Engine, Request
 from specgen.engine.options import Options
@@ -117,6 +118,11 @@ def _batched(engine: Engine, opts: Options, todo: list, raw: bool, system: str |
                     records[added] = _failed(item, str(e))
             added += 1
         for i, response in streams.step() if streams.busy else ():
+            if isinstance(response, Failed):  # its own error: an error line, the others go on
+                texts.pop(i), runs.pop(i)
+                streams.kept(i)
+                records[i] = _failed(todo[i], str(response.error))
+                continue
             texts[i].append(response.text)
             if response.finish_reason is not None:
                 records[i] = {"id": todo[i].id, "text": "".join(texts.pop(i)), **runs.pop(i).to_dict()}

@@ -18,6 +18,7 @@ from mlx_lm.generate_utils import BatchCounters, BatchCountersSnapshot
 
 from specgen import defaults
 from specgen.api.generate import _custom_selector, _notice, _prompt_ids, engine_for, stream_generate
+from specgen.draft.events import Failed
 from specgen.engine.batch_probe import batch_unsupported
 from specgen.engine.batch_streams import Streams
 from specgen.engine.decode import PREFILL_CHUNK
@@ -26,6 +27,7 @@ from specgen.engine.options import Options
 from specgen.engine.sampling import CUSTOM_OFF
 from specgen.errors import SettingError
 from specgen.structured.formats import parse as parse_format
+from specgen.structured.grammar import GrammarFailed
 from specgen.settings import check
 
 _log = logging.getLogger("specgen")
@@ -88,8 +90,12 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
         _notice(f"this model's prompts run one at a time: {why}")
         counters = BatchCounters()
         outputs = []
-        for p, o in zip(ids, opts):
-            outputs.append(_alone(model, tokenizer, p, o, sampler, logits_processors, counters))
+        for i, (p, o) in enumerate(zip(ids, opts)):
+            try:
+                outputs.append(_alone(model, tokenizer, p, o, sampler, logits_processors, counters))
+            except GrammarFailed as e:  # its own error, as in a batch
+                _notice(f"prompt {i}: {e}; its text is empty")
+                outputs.append(([], ""))
             progress.done()
     else:
         streams = Streams(engine, max_rows=completion_batch_size, prefill_chunk=prefill_step_size)
@@ -139,13 +145,20 @@ def _batched(streams: Streams, ids, opts, selectors, progress: _Progress):
     decoded whole, as mlx-lm does) in prompt order."""
     runs = [streams.add(i, Request(p, o, selector=sel, off=CUSTOM_OFF if sel else None))
             for i, (p, o, sel) in enumerate(zip(ids, opts, selectors))]
-    texts = [""] * len(ids)
+    texts, failed = [""] * len(ids), set()
     while streams.busy:
         for i, response in streams.step():
+            if isinstance(response, Failed):  # its own error: its text stays empty, the others go on
+                _notice(f"prompt {i}: {response.error}; its text is empty")
+                streams.kept(i)
+                failed.add(i)
+                progress.done()
+                continue
             texts[i] += response.text
             if response.finish_reason is not None:
                 progress.done()
-    return [(list(s.output_ids), t if o.stop else None) for s, t, o in zip(runs, texts, opts)]
+    return [([], "") if i in failed else (list(s.output_ids), t if o.stop else None)
+            for i, (s, t, o) in enumerate(zip(runs, texts, opts))]
 
 
 def _alone(model, tokenizer, prompt, opts: Options, sampler, processors, counters: BatchCounters):

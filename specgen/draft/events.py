@@ -56,6 +56,12 @@ class Step:
     queued: bool = False  # its pass was queued behind the one before, before that one was read
 
 
+class Failed(NamedTuple):
+    """A sequence ended by its own error (its grammar gave up): the other sequences go on."""
+
+    error: Exception
+
+
 class Verdict(NamedTuple):
     """What became of a draft: its first `accepted` tokens held, and (`rejected`) the next one was
     judged wrong; a draft cut short by a stop token has tokens that were never judged."""

@@ -13,7 +13,8 @@ Rows join and leave between steps. Where every row feeds one token, the next pas
 behind the one in flight before it is read (batch_pass.py), as mlx-lm's BatchGenerator queues.
 
 Events are decode.generate's (`Prefilled`, then one `Step` per pass), tagged with the row's key,
-so a row's events read as a single-sequence run's. The emitted tokens are what plain decoding
+so a row's events read as a single-sequence run's; a row whose grammar gives up ends with `Failed`
+(where decode.generate raises) and leaves alone. The emitted tokens are what plain decoding
 with the row's selector emits: where a batched row is near-tied (sampling.py), that position is
 recomputed by a one-position pass over the row's own entries, as decode.py does.
 """
@@ -30,7 +31,7 @@ from mlx_lm.generate_utils import BatchCounters
 from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
-from specgen.draft.events import Prefilled, Step
+from specgen.draft.events import Failed, Prefilled, Step
 from specgen.engine.batch_cache import RaggedBatch
 from specgen.engine.batch_cost import Pricing, drafts_coming, step_drafts
 from specgen.engine.batch_pass import Pass, verdicts
@@ -43,7 +44,7 @@ from specgen.engine.sequence import Sequence, as_sequence
 from specgen.errors import InputError
 from specgen.settings import check
 
-Event = tuple[Hashable, "Prefilled | Step"]
+Event = tuple[Hashable, "Prefilled | Step | Failed"]
 PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
 
 
@@ -175,12 +176,13 @@ class Batch:
                     self._untie(r, behind)
                 tokens, matched = self._confirm(r, [*r.seq.history, *d][r.seq.pos - 1 + tied], d, tied)
             step = r.seq.finish(tokens, len(d), matched, tied is not None, cur.queued)
-            events.append((r.key, step))
-            if step.stop_reason:
+            events.append((r.key, step if r.seq.failed is None else Failed(r.seq.failed)))
+            if step.stop_reason or r.seq.failed is not None:  # a failed row leaves alone
                 done.add(index[id(r)])
         self.counters.decode_time += time.perf_counter() - start
         self.counters.generation_steps += 1
-        self.counters.generation_tokens += sum(len(s.tokens) + (s.stop_token is not None) for _, s in events)
+        self.counters.generation_tokens += sum(len(s.tokens) + (s.stop_token is not None) for _, s in events
+                                               if isinstance(s, Step))
         if done:
             self._leave(done)
         # Rows are not moved while a pass is queued on their places (nor its states' marks).

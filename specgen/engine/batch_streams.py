@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Hashable
 
 from specgen import defaults
+from specgen.draft.events import Failed
 from specgen.draft.stats import RunStats
 from specgen.engine import batch_cost
 from specgen.engine.batch import Batch
@@ -77,13 +78,18 @@ class Streams:
         """The cache of a finished request added with keep_cache (once: it is handed over)."""
         return self.batch.kept.pop(key, None)
 
-    def step(self) -> list[tuple[Hashable, Response]]:
+    def step(self) -> list[tuple[Hashable, Response | Failed]]:
         """One step of the batch: every response it produced, tagged with its request's key (a
-        request's last response has a finish_reason)."""
+        request's last response has a finish_reason; a request that failed on its own, its
+        grammar giving up, ends with `Failed` instead)."""
         out = []
         for key, event in self.batch.step():
             job = self._open.get(key)
             if job is None:
+                continue
+            if isinstance(event, Failed):  # its own error: the others go on (a kept cache stays in `kept`)
+                out.append((key, event))
+                del self._open[key]
                 continue
             responses = job.responder.take(event)
             out += [(key, r) for r in responses]

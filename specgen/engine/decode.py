@@ -153,6 +153,8 @@ def generate(
                 else:
                     tokens, matched, confirmed = seq.plain(cur.out.item(), cur.rows[-1]), 0, False
                 step = seq.finish(tokens, len(cur.drafts), matched, confirmed, cur.queued)
+                if seq.failed is not None:
+                    raise seq.failed
                 if nxt is not None and not step.stop_reason and not confirmed and matched == len(cur.drafts):
                     inflight = nxt  # every draft held: the pass behind is the right next one
                 else:

@@ -26,6 +26,7 @@ from specgen.engine.sampling import (CUSTOM_OFF, GREEDY, Judged, MlxLmSampling, 
                                      settle)
 from specgen.errors import InputError
 from specgen.settings import check
+from specgen.structured.grammar import GrammarFailed
 
 
 @dataclass(eq=False)
@@ -49,6 +50,7 @@ class Sequence:
     drafted: int = field(init=False, default=0)  # the drafter's tokens verified so far...
     accepted: int = field(init=False, default=0)  # ...and accepted
     own: bool = field(init=False, default=True)  # this step's draft includes the drafter's
+    failed: GrammarFailed | None = field(init=False, default=None)  # its grammar gave up: its loop ends it
 
     def __post_init__(self):
         """Refuse what no generation can run: an empty prompt, bad settings, a prompt the context
@@ -127,7 +129,10 @@ class Sequence:
         (then `own` says whether the drafter's draft is still judged)."""
         self.own = True
         if self.constraint is not None and self.speculation.on and room > 0:
-            drafts, self.own = self.constraint.drafts(drafts, room)
+            try:
+                drafts, self.own = self.constraint.drafts(drafts, room)
+            except GrammarFailed as e:
+                self.failed, drafts = e, []
         return drafts
 
     def step_draft(self, on: bool = True, most: int | None = None) -> list[int]:
@@ -162,7 +167,11 @@ class Sequence:
         if self.speculation.on:
             self.drafter.recycle([self.history[-1], *drafts], chosen.tokens)
         if self.constraint is not None:
-            chosen = self.constraint.verified(chosen, rows, drafts, self.pos)
+            try:
+                chosen = self.constraint.verified(chosen, rows, drafts, self.pos)
+            except GrammarFailed as e:
+                self.failed = e
+                return Judged([], 0, None)
         return accept(drafts, chosen)
 
     def plain(self, token: int, row: mx.array) -> list[int]:
@@ -171,30 +180,44 @@ class Sequence:
         if self.speculation.on:
             self.drafter.recycle(self.history[-1:], [token])
         if self.constraint is not None:
-            token = self.constraint.pick(row, self.history, self.pos, chosen=token)
+            try:
+                token = self.constraint.pick(row, self.history, self.pos, chosen=token)
+            except GrammarFailed as e:
+                self.failed = e
+                return []
         return [token]
 
     def choose(self, logits: mx.array, drafts: list[int], tied: int) -> tuple[list[int], int]:
         """(tokens emitted, drafts matched) once the near-tied position `tied` was computed alone
         (`logits`: its one row, after the drafts before it), as plain decoding chooses it."""
         at = self.pos + tied
-        if self.constraint is not None:
+        if self.constraint is None:
+            return settle(drafts, tied, self.selector.pick(logits, self.history, at).item())
+        try:
             return settle(drafts, tied, self.constraint.pick(logits, self.history, at, after=drafts[:tied]))
-        return settle(drafts, tied, self.selector.pick(logits, self.history, at).item())
+        except GrammarFailed as e:
+            self.failed = e
+            return [], 0
 
     def finish(self, emitted: list[int], drafted: int = 0, matched: int = 0, confirmed: bool = False,
                queued: bool = False) -> Step:
         """A step emitted `emitted` after a draft of `drafted` tokens (`matched` equal to the
         target's choices): cut it before any stop token, record it, tell the drafter and the
-        grammar, and say whether the sequence ended."""
+        grammar, and say whether the sequence ended. Once its grammar has failed (`failed`) it
+        emits nothing: its loop ends it with that error."""
         stop = stop_token = None
         for i, t in enumerate(emitted):
             if t in self.stop_tokens:
                 emitted, stop, stop_token = emitted[:i], "stop", t
                 break
+        if self.constraint is not None and self.failed is None:
+            try:
+                self.constraint.advance(emitted)
+            except GrammarFailed as e:
+                self.failed = e
+        if self.failed is not None:
+            emitted, stop, stop_token = [], None, None
         self.history.extend(emitted)
-        if self.constraint is not None:
-            self.constraint.advance(emitted)
         told = (drafted, matched) if self.own else (0, 0)  # only forced tokens: the drafter's was not judged
         self.drafted += told[0]
         self.accepted += min(told[1], len(emitted))

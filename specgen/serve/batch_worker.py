@@ -6,12 +6,14 @@ Between steps the thread admits queued jobs while rows are free (one more waits 
 bounded chunks between decode steps, so a long prompt does not freeze the running streams),
 drops jobs whose client went away (their row only), and hands each response to its job. A
 finished job leaves its cache in the prompt cache and its drafter in the drafter cache, as
-worker.py does. A failure inside a step fails the jobs running then (each told), and one in a
-job's own admission, cancel or finish fails that job alone: never the thread.
+worker.py does. A request's own failure (in its admission, cancel or finish, or its grammar giving
+up mid-step) fails that job alone; an unexpected failure inside a step fails the jobs running then
+(each told): never the thread.
 """
 
 from __future__ import annotations
 
+from specgen.draft.events import Failed
 from specgen.engine.batch_streams import Streams
 from specgen.engine.engine import Engine
 from specgen.serve.worker import Finished, Job, Prepared, Started, Worker
@@ -92,6 +94,11 @@ class BatchWorker(Worker):
                 self.streams.kept(key)  # (and the cache it leaves is not kept)
                 continue
             job, prepared = self.active[key]
+            if isinstance(response, Failed):  # this request's own failure (its grammar gave up)
+                del self.active[key]
+                self.streams.kept(key)
+                self._failed(job, response.error)
+                continue
             job.deliver(response)
             if response.finish_reason is not None:
                 del self.active[key]

@@ -31,18 +31,26 @@ class Matcher:
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces next (its canonical tokenization of the forced bytes)."""
-        return self._ll.compute_ff_tokens()
+        return self._checked(self._ll.compute_ff_tokens())
 
     def valid(self, tokens: Sequence[int]) -> int:
         """How many of `tokens`, in order, the grammar's parser takes from here (nothing moves).
         A superset of what the masks allow: where bytes are forced, a mask allows only their
         canonical tokens, the parser any tokenization."""
-        return self._ll.validate_tokens(list(tokens)) if tokens else 0
+        return self._checked(self._ll.validate_tokens(list(tokens))) if tokens else 0
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Move past emitted tokens (each one allowed: checked by whoever chose it)."""
         if tokens and not self._ll.consume_tokens(list(tokens)):
-            raise RuntimeError(f"the grammar refused emitted tokens: {self._ll.get_error()}")
+            self._checked(None)
+            raise GrammarFailed("refused a token it had allowed")
+
+    def _checked(self, result):
+        """`result`, unless the parser has failed (it gives up on a grammar too complex to go on
+        with, say): then GrammarFailed with its reason's first line, never its state dump."""
+        if self._ll.is_error():
+            raise GrammarFailed(_first_line(self._ll.get_error()))
+        return result
 
     def back(self, n: int) -> None:
         """Take back the last `n` tokens advanced past."""
@@ -54,7 +62,15 @@ class Matcher:
         what plain constrained decoding masks with."""
         mask = np.empty(self._words, dtype=np.int32)
         self._ll.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
-        return mask
+        return self._checked(mask)
+
+
+class GrammarFailed(SettingError):
+    """The grammar's parser failed while a sequence was generating: that sequence's error alone
+    (a 400 naming response_format; its loop ends it, the others go on)."""
+
+    def __init__(self, reason: str):
+        super().__init__("response_format", f"could not be followed: {reason}")
 
 
 def _first_line(reason: str) -> str:

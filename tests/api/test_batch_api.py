@@ -154,3 +154,12 @@ def alone(model, tokenizer, prompt, **kwargs) -> list[int]:
     """The tokens specgen.stream_generate emits for `prompt` (a stop token excluded)."""
     *_, last = specgen.stream_generate(model, tokenizer, prompt, **kwargs)
     return last.stats.output_ids
+
+
+def test_a_grammar_that_gives_up_empties_its_own_text_with_a_warning_naming_it(demo):
+    model, tokenizer = demo
+    endless = {"type": "grammar", "grammar": 'start: "a" start'}
+    with pytest.warns(SpecgenWarning, match="prompt 1: response_format could not be followed"):
+        ours = batch_generate(model, tokenizer, PROMPTS[:3], max_tokens=20, response_format=[None, endless, None])
+    assert ours.texts[1] == "" and [ours.texts[0], ours.texts[2]] == \
+        [specgen.generate(model, tokenizer, p, max_tokens=20) for p in (PROMPTS[0], PROMPTS[2])]

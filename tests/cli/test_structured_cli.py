@@ -70,3 +70,19 @@ def test_prompts_lines_carry_their_own_format_and_a_bad_one_fails_alone(tmp_path
     assert "Unimplemented keys" in out["bad"]["error"]
     assert '"response_format".type' in out["shape"]["error"]
     jsonschema.validate(json.loads(out["run"]["text"]), SCHEMA)  # the run's --json-schema
+
+
+@pytest.mark.parametrize("batch", ["1", "4"])
+def test_a_grammar_that_never_ends_is_an_error_line_and_every_other_line_is_written(tmp_path, batch):
+    # The line aborted the whole file with a 25-line parser dump, and -o stayed empty.
+    lines = [{"id": f"p{i}", "prompt": p} for i, p in enumerate(["Once upon a time", "The little dog", "Tom"])]
+    lines.insert(1, {"id": "endless", "prompt": "Once", "response_format": {"type": "grammar",
+                                                                            "grammar": 'start: "a" start'}})
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    result, _ = invoke(["--prompts", str(tmp_path / "p.jsonl"), "-o", str(out), "-n", "12", "--batch", batch])
+    assert result.exit_code == 1, result.output
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"p0", "endless", "p1", "p2"} and all("text" in rows[f"p{i}"] for i in range(3))
+    error = rows["endless"]["error"]
+    assert error.startswith("response_format could not be followed: ") and "\n" not in error

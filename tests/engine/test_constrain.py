@@ -225,3 +225,38 @@ def test_a_reasoning_model_thinks_freely_and_its_answer_obeys(tmp_path):
     inside = enc('maybe {"b": 1}?</think>')
     assert opened.valid(inside + answer) == len(inside + answer)
     assert opened.valid(thought) < len(thought)  # already inside: no second opening
+
+
+# A schema that compiles but requires an object nesting forever: llguidance gives up at the first
+# step ("Too many items"), and a grammar with no base case does the same.
+ENDLESS = [{"type": "json_schema", "json_schema": {"name": "n", "schema": {
+               "$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}},
+               "$ref": "#/$defs/n"}}},
+           {"type": "grammar", "grammar": 'start: "a" start'}]
+
+
+@pytest.mark.parametrize("fmt", ENDLESS, ids=["schema", "lark"])
+def test_a_grammar_that_gives_up_fails_its_own_request_alone_in_one_line(demo_engine, fmt):
+    from specgen.draft.events import Failed
+    from specgen.engine.batch_streams import Streams
+    from specgen.structured.grammar import GrammarFailed
+
+    bad = Request(demo_engine.encode(ONCE), Options(max_tokens=30, response_format=parse(fmt)))
+    with pytest.raises(GrammarFailed) as alone:
+        list(demo_engine.stream(bad))
+    message = str(alone.value)
+    assert message.startswith("response_format could not be followed: ") and "\n" not in message
+    assert "<state>" not in message and "$defs" not in message
+    plain = [Request(demo_engine.encode(p), Options(max_tokens=20)) for p in (ONCE, "The little dog")]
+    expected = ["".join(r.text for r in demo_engine.stream(p)) for p in plain]
+    streams = Streams(demo_engine, max_rows=4)
+    for key, request in [(0, plain[0]), ("bad", bad), (1, plain[1])]:
+        streams.add(key, request)
+    texts, failed = {0: "", 1: ""}, []
+    while streams.busy:
+        for key, response in streams.step():
+            if isinstance(response, Failed):
+                failed.append((key, str(response.error)))
+            else:
+                texts[key] += response.text
+    assert failed == [("bad", message)] and [texts[0], texts[1]] == expected

@@ -295,3 +295,27 @@ def test_a_model_with_no_tool_format_calls_tools_in_the_generic_one_in_every_api
     text = client(text_url).chat.completions.create(model="m", messages=TOOL_QUESTION, tools=TOOLS, max_tokens=60)
     assert text.choices[0].message.content == "It is sunny." and not text.choices[0].message.tool_calls
     assert text.choices[0].finish_reason == "stop"
+
+
+ENDLESS = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}},
+           "$ref": "#/$defs/n"}
+
+
+def test_a_schema_the_parser_gives_up_on_fails_its_request_alone(demo):
+    # It compiles, then llguidance gives up at the first step: the batch step raised, and every
+    # request running then got a 500 carrying the parser's state and the whole grammar.
+    url, plain = demo
+    ask = {"model": "demo", "messages": STORY, "max_tokens": 24}
+    bad = {**ask, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": ENDLESS}}}
+    alone = [httpx.post(f"{plain}/v1/chat/completions", json={**ask, "max_tokens": n}, timeout=60).json()
+             for n in (24, 16)]
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda body: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60),
+                            [ask, bad, {**ask, "max_tokens": 16}]))
+    assert [got[0].status_code, got[1].status_code, got[2].status_code] == [200, 400, 200]
+    assert [g.json()["choices"][0]["message"]["content"] for g in (got[0], got[2])] == \
+        [a["choices"][0]["message"]["content"] for a in alone]
+    message = got[1].json()["error"]["message"]
+    assert got[1].json()["error"]["param"] == "response_format" and "could not be followed" in message
+    assert "\n" not in message and "<state>" not in message and "$defs" not in message
+    assert health(url)["status"] == "ok"
