@@ -81,8 +81,8 @@ class Constraint:
                     if again.trusted == 0:
                         trusted = i
                         break
-                if i == len(drafts) or tokens[i] != drafts[i]:
-                    break
+                if i == len(drafts) or tokens[i] != drafts[i] or self.matcher.ended():
+                    break  # (past the grammar's end the step is cut at its stop token)
                 self.matcher.advance(drafts[i : i + 1])
                 moved += 1
         finally:
@@ -94,7 +94,7 @@ class Constraint:
         """A one-position pass's token (`logits`: one row) as plain constrained decoding picks it,
         the grammar at the emitted tokens and then `after` (drafts the pass followed); `chosen`:
         the selector's unmasked pick from the same row, if it was already read."""
-        self.matcher.advance(after)
+        moved = self._walk(after)
         try:
             mask = self.matcher.bitmask()
             if self.first:
@@ -103,7 +103,7 @@ class Constraint:
                     return token
             return self.selector.pick(masked(logits[None], [mask])[0], history, position).item()
         finally:
-            self.matcher.back(len(after))
+            self.matcher.back(moved)
 
     def advance(self, emitted: Sequence[int]) -> None:
         """Move the grammar past a step's emitted tokens (a stop token that ended it is not one)."""
@@ -111,10 +111,21 @@ class Constraint:
 
     def _masks(self, drafts: Sequence[int]) -> list[np.ndarray]:
         """The bitmask at each verified row: after none, one, ... all of `drafts`."""
-        masks = []
+        masks, moved = [], 0
         for i in range(len(drafts) + 1):
             masks.append(self.matcher.bitmask())
-            if i < len(drafts):
-                self.matcher.advance(drafts[i : i + 1])
-        self.matcher.back(len(drafts))
+            if i < len(drafts) and self._walk(drafts[i : i + 1]) == 0:  # ended: its end alone, from here on
+                masks += masks[-1:] * (len(drafts) - i)
+                break
+            moved += i < len(drafts)
+        self.matcher.back(moved)
         return masks
+
+    def _walk(self, tokens: Sequence[int]) -> int:
+        """Advance past `tokens` up to the grammar's end (a draft may run on past it, to the stop
+        token the step is cut at); how many it advanced past."""
+        for n, token in enumerate(tokens):
+            if self.matcher.ended():
+                return n
+            self.matcher.advance([token])
+        return len(tokens)

@@ -52,6 +52,11 @@ class Matcher:
             raise GrammarFailed(_first_line(self._ll.get_error()))
         return result
 
+    def ended(self) -> bool:
+        """Whether the grammar has ended: only its end (a stop token) may follow, which ends the
+        sequence, so nothing is advanced past it."""
+        return self._ll.is_stopped()
+
     def back(self, n: int) -> None:
         """Take back the last `n` tokens advanced past."""
         if n:

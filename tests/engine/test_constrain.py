@@ -260,3 +260,21 @@ def test_a_grammar_that_gives_up_fails_its_own_request_alone_in_one_line(demo_en
             else:
                 texts[key] += response.text
     assert failed == [("bad", message)] and [texts[0], texts[1]] == expected
+
+
+def test_a_draft_that_runs_past_the_grammars_end_is_cut_there(demo_engine):
+    # A tool call copied from earlier in the conversation is drafted with the end-of-turn token
+    # after it; the grammar had ended (stopped), and checking that token failed the request
+    # ("parser stopped in consume_token") where plain constrained decoding gives the call.
+    from specgen.engine.sampling import GREEDY, Verified
+
+    fixed = parse({"type": "grammar", "grammar": f'start: "{FIXED}"'})
+    constraint = constrain.Constraint(demo_engine.grammars.matcher(fixed), GREEDY)
+    said = constraint.matcher.forced()
+    constraint.advance(said[:-2])
+    eos = sorted(demo_engine.loaded.stop_ids)[0]
+    drafts = [*said[-2:], eos]
+    rows = mx.zeros((len(drafts) + 1, demo_engine.loaded.model.args.vocab_size))
+    got = constraint.verified(Verified([*drafts, 7], len(drafts) + 1), rows, drafts, 40)
+    assert got.tokens[:3] == drafts  # the draft's end is the grammar's: the step is cut there
+    assert constraint.matcher.forced() == said[-2:]  # the grammar is where it was
