@@ -57,8 +57,8 @@ class Streams:
         finishes. Returns its RunStats (filled in as it goes)."""
         stats = stats or RunStats()
         plan = self.engine.plan(request, stats)
-        if self.batch.pricing is None and request.options.draft is None and not plan.sequence.off:
-            self.batch.pricing = self._pricing()
+        if request.options.draft is None and not plan.sequence.off:
+            self.price()
         self.batch.add(key, plan.sequence, prompt_cache=request.prompt_cache, cached=request.cached,
                        keep_cache=keep_cache)
         self._open[key] = _Open(request, stats, Responder(self.engine.loaded.tokenizer, request.options.stop,
@@ -100,6 +100,12 @@ class Streams:
                 self.engine.learn(job.request.options, job.stats)
         return out
 
+    def price(self) -> None:
+        """Read or measure the batched step costs now (a server does before it answers), not on
+        the first request that drafts adaptively or under a grammar."""
+        if self.batch.pricing is None:
+            self.batch.pricing = self._pricing()
+
     def _pricing(self) -> batch_cost.Pricing:
         """The model's batched step costs: read or measured once a process (measured again where
         its single-sequence curve was just measured again: --recalibrate, a new machine)."""
@@ -112,7 +118,8 @@ class Streams:
                 recalibrate=costs.fresh, every=costs.curve.eager,
                 before_measuring=lambda: self.engine.progress(
                     f"measuring how fast {self.engine.name} runs batched steps on this machine (once "
-                    "per model; a few seconds) ..."))
+                    f"per model and machine, up to {self.batch.max_rows} rows: some seconds, a minute or "
+                    "more on a busy CPU) ..."))
             if warning:
                 self.engine.notice(warning)
             _PRICED[key] = batch_cost.Pricing(measured, costs.curve.overlap, costs.curve.eager)

@@ -58,13 +58,17 @@ def error_body(path: str, e: ApiError) -> dict:
 
 def _worker(engine: Engine, config: ServeConfig) -> Worker:
     """The generation thread: requests decoded together up to --max-batch, where the model's
-    caches batch (else one at a time, said once)."""
+    caches batch (else one at a time, said once), their batched step costs read or measured now
+    (a first request that drafts would otherwise wait for it, and every request behind it)."""
     why = batch_unsupported(engine.loaded.model) if config.max_batch > 1 else None
     if why:
         _log.warning("requests run one at a time: %s", why)
     if config.max_batch > 1 and not why:
-        return BatchWorker(engine, max_queue=config.max_queue, prompt_cache_bytes=config.prompt_cache_bytes,
-                           max_batch=config.max_batch)
+        worker = BatchWorker(engine, max_queue=config.max_queue, prompt_cache_bytes=config.prompt_cache_bytes,
+                             max_batch=config.max_batch)
+        if config.draft is None:  # drafts are priced by rows: measured before the server answers
+            worker.streams.price()
+        return worker
     return Worker(engine, max_queue=config.max_queue, prompt_cache_bytes=config.prompt_cache_bytes)
 
 

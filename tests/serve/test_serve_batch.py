@@ -200,3 +200,22 @@ def test_a_burst_is_admitted_a_row_at_a_time_in_arrival_order(demo_engine, monke
         release.set()
         worker.stop(30)
     assert worker.served == 6 and worker.failed == 0
+
+
+def test_batched_costs_are_measured_before_the_server_answers(demo_engine, tmp_path, monkeypatch):
+    # On a fresh cache folder the first batched or constrained request measured them, blocking
+    # every request behind it (57 s once, minutes under load) while /health said idle.
+    from specgen.engine import batch_cost
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(batch_cost, "BUDGET_S", 0.2)
+    measured, real = [], batch_cost.measure
+    monkeypatch.setattr(batch_cost, "measure", lambda *a, **k: measured.append(a[2]) or real(*a, **k))
+    with running(demo_engine, max_batch=3) as (url, worker):
+        assert measured == [3] and health(url)["status"] == "ok"
+        fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
+        for extra in ({}, {"response_format": fmt}):
+            c = client(url, timeout=60).chat.completions.create(
+                model="demo", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=8, **extra)
+            assert c.choices[0].finish_reason in ("stop", "length")
+        assert measured == [3]
