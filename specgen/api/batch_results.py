@@ -135,10 +135,40 @@ class ResultWriter:
             self._stream.write(line)
             self._stream.flush()
             return
+        if self._regular:
+            self._still_there()
         self._file.write(line.encode("utf-8"))
         self._file.flush()
         if self._regular:
             os.fsync(self._file.fileno())
+            self.lines.append(Line(line[:-1].encode("utf-8"), record))
+
+    def _still_there(self) -> None:
+        """Make sure the file written is the one at the path: deleted meanwhile, a new one is
+        written there holding every result so far (and this run goes on into it); replaced by
+        another file, that file is left alone and the run stops, naming it (never "done" with
+        the results nowhere)."""
+        try:
+            now = os.stat(self._path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and os.path.samestat(os.fstat(self._file.fileno()), now):
+            return
+        if now is not None:
+            raise InputError(f"{self._path} was replaced by another file while this run wrote to it: "
+                             "stopped, that file left as it is (the results so far were in the one replaced)")
+        try:
+            new = open(os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND), "a+b")
+        except OSError as e:
+            raise InputError(f"{self._path} was deleted while this run wrote to it, and cannot be written "
+                             f"again: {e}") from e
+        _lock(new, self._path)
+        new.write(b"".join(line.raw + b"\n" for line in self.lines))
+        new.flush()
+        os.fsync(new.fileno())
+        _fsync_dir(Path(os.path.realpath(self._path)).parent)
+        self._file.close()
+        self._file = new
 
     def close(self) -> None:
         """Close the results file (releasing its lock); a stream is left open."""

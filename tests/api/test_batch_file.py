@@ -294,3 +294,26 @@ def test_bench_prompt_files_read_through_the_same_rows(tmp_path):
         read_prompt_file(str(f))
     with pytest.raises(InputError, match="no such prompts file"):
         read_prompt_file(str(tmp_path / "missing.txt"))
+
+
+def test_a_results_file_deleted_mid_run_is_written_again_with_every_result(tmp_path):
+    # The writer went on into the deleted file: "120 prompts done", exit 0, results nowhere.
+    path = tmp_path / "out.jsonl"
+    path.write_text(json.dumps({"id": "earlier", "text": "kept"}) + "\n")
+    with ResultWriter(path) as out:
+        out.write({"id": "a", "text": "one"})
+        path.unlink()
+        out.write({"id": "b", "text": "two"})
+        out.write({"id": "c", "text": "three"})
+    assert [json.loads(x)["id"] for x in path.read_text().splitlines()] == ["earlier", "a", "b", "c"]
+
+
+def test_a_results_file_replaced_mid_run_stops_the_run_naming_it_and_is_left_alone(tmp_path):
+    path = tmp_path / "out.jsonl"
+    with ResultWriter(path) as out:
+        out.write({"id": "a", "text": "one"})
+        path.unlink()
+        path.write_text("the user's own file\n")
+        with pytest.raises(InputError, match=f"{path} was replaced by another file"):
+            out.write({"id": "b", "text": "two"})
+    assert path.read_text() == "the user's own file\n"
