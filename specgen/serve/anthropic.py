@@ -149,7 +149,7 @@ class MessagesRequest(CountRequest):
     stop_sequences: Optional[Stops] = None
     # unset: the server's default (greedy), not Anthropic's 1.0; Anthropic's range (below 0 is
     # settings.check's to name)
-    temperature: Optional[float] = Field(None, le=1)
+    temperature: Optional[float] = Field(None, le=1, allow_inf_nan=False)
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     stream: Optional[bool] = None

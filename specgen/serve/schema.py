@@ -215,6 +215,8 @@ def make_generation(*, max_tokens: int, stop: tuple[str, ...] = (), temperature:
                 seed=seed, response_format=response_format[0], **known)
     if opts["top_p"] == 1.0:  # OpenAI's default: keep all the mass, i.e. no filter
         opts["top_p"] = defaults.TOP_P
+    if top_p == 0:  # a nucleus of no mass keeps the likeliest token alone: greedy (0 is "off" to mlx-lm)
+        opts["temp"], opts["top_p"] = 0.0, defaults.TOP_P
     try:
         options = Options(**opts)
         options.check()  # warnings (e.g. a seed when greedy) change nothing, as in OpenAI

@@ -2,6 +2,7 @@
 the field, the key is enforced, the queue is bounded, a dead worker is never hidden behind a
 healthy front, and the command stops cleanly on SIGTERM, saving what its memory learnt."""
 
+import json
 import os
 import signal
 import socket
@@ -260,3 +261,23 @@ def test_the_command_names_its_bad_flags_and_the_missing_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the extra were not installed
     r = CliRunner().invoke(app, ["serve", "-m", "demo"])
     assert r.exit_code == 1 and "pip install 'specgen[serve]'" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("path,extra", [("/v1/chat/completions", {"messages": MSG, "max_tokens": 8}),
+                                        ("/v1/messages", {"messages": MSG, "max_tokens": 8}),
+                                        ("/v1/responses", {"input": "Once upon a time", "max_output_tokens": 8})])
+def test_a_temperature_of_nan_is_named_as_not_a_number_and_top_p_0_is_greedy(served, path, extra):
+    # NaN was "should be <= 2"; top_p 0 (a nucleus of no mass) sampled the whole distribution.
+    r = httpx.post(f"{served}{path}", content=json.dumps({"model": "demo", "temperature": float("nan"), **extra}),
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "finite number" in r.text and "temperature" in r.text, r.text
+
+    def text(**sampling):
+        body = httpx.post(f"{served}{path}", json={"model": "demo", **extra, **sampling}, timeout=60).json()
+        if "choices" in body:
+            return body["choices"][0]["message"]["content"]
+        return (body.get("content") or body["output"][0]["content"])[0]["text"]
+
+    greedy = text(temperature=0)
+    assert [text(temperature=1.0, top_p=0, seed=s) for s in (1, 2)] == [greedy, greedy]
+    assert text(temperature=1.0, seed=1) != greedy or text(temperature=1.0, seed=2) != greedy
