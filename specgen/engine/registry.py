@@ -76,6 +76,13 @@ def local_source(source: str) -> str:
     return source
 
 
+def served_name(model: str) -> str:
+    """What a server calls `model` (its /v1/models id): an alias or repo id as given, a local
+    folder by its own name (never the machine's path to it)."""
+    path = Path(model).expanduser()
+    return path.resolve().name if path.is_dir() else model
+
+
 def read_models_file(path: Path) -> dict[str, ModelSpec]:
     """Parse one models.toml into aliases; a malformed file raises ConfigError naming the problem."""
     try:

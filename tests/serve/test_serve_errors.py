@@ -225,8 +225,11 @@ def _free_port() -> int:
 def test_the_command_serves_and_stops_cleanly_on_sigterm_saving_its_memory(tmp_path):
     port = _free_port()
     env = {**os.environ, "SPECGEN_CACHE_DIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", "demo", "--port", str(port), "--memory",
-                             "--draft", "4"], env=env, stderr=subprocess.PIPE, text=True)
+    from specgen.engine.registry import bundled_path
+
+    folder = bundled_path("stories260K")  # served by its path: listed by the folder's name
+    proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", str(folder), "--port", str(port),
+                             "--memory", "--draft", "4"], env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -237,6 +240,7 @@ def test_the_command_serves_and_stops_cleanly_on_sigterm_saving_its_memory(tmp_p
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
             time.sleep(0.1)
+        assert [m.id for m in client(f"http://127.0.0.1:{port}").models.list()] == ["stories260K"]
         r = client(f"http://127.0.0.1:{port}").chat.completions.create(model="demo", messages=MSG, max_tokens=64)
         assert r.usage.completion_tokens == 64
         proc.send_signal(signal.SIGTERM)
