@@ -33,7 +33,7 @@ def chat_ids(engine: Engine, req: ChatRequest) -> tuple[list[int], list[dict] | 
     if tools and not _templated(engine):
         raise bad("tools", f"{engine.name} has no tool-calling format, nor a chat template to describe "
                            "tools in: send them in the prompt instead")
-    ids, tools = agent_ids(engine, messages, tools)
+    ids, tools = agent_ids(engine, messages, tools, continue_last=False)
     return fits(engine, ids, "messages"), tools
 
 
@@ -43,12 +43,17 @@ def can_call(engine: Engine) -> bool:
     return bool(_templated(engine) and tokenizer.has_tool_calling)
 
 
-def template_ids(engine: Engine, messages: list[dict], tools: list[dict] | None) -> list[int]:
+def template_ids(engine: Engine, messages: list[dict], tools: list[dict] | None,
+                 continue_last: bool = False) -> list[int]:
     """Chat messages (and tools) through the model's chat template, as mlx_lm.server makes them;
-    a 400 on `messages` when the template refuses them. Not checked against the context."""
+    a 400 on `messages` when the template refuses them. Not checked against the context. With
+    `continue_last`, a trailing assistant message is continued (Anthropic's prefill): the prompt
+    ends inside it, and the answer is only what follows."""
+    go_on = continue_last and bool(messages) and messages[-1].get("role") == "assistant"
     try:
         if _templated(engine):
-            return list(engine.loaded.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True))
+            return list(engine.loaded.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=not go_on, continue_final_message=go_on))
         return engine.encode(messages)
     except SpecgenError as e:
         raise bad("messages", str(e)) from None
@@ -56,17 +61,19 @@ def template_ids(engine: Engine, messages: list[dict], tools: list[dict] | None)
         raise bad("messages", f"the chat template refused them: {e}") from None
 
 
-def agent_ids(engine: Engine, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], list[dict] | None]:
+def agent_ids(engine: Engine, messages: list[dict], tools: list[dict] | None,
+              continue_last: bool = True) -> tuple[list[int], list[dict] | None]:
     """(ids, tools) of a conversation, not checked against the context: a chat model with no
     tool-calling format mlx-lm knows gets the tools in its system message (generic_tools.py); a
     model with no chat template gets none and answers in text (logged once: agents send their
-    tools with every request)."""
+    tools with every request). A trailing assistant message is continued (`continue_last`: as
+    Messages and Responses do; chat completions answer after it, as mlx_lm.server does)."""
     if tools and not _templated(engine):
         _without_tools(engine.name)
         tools = None
     if tools and not can_call(engine):
-        return template_ids(engine, generic_tools.described(messages, tools), None), tools
-    return template_ids(engine, messages, tools), tools
+        return template_ids(engine, generic_tools.described(messages, tools), None, continue_last), tools
+    return template_ids(engine, messages, tools, continue_last), tools
 
 
 @functools.cache

@@ -249,3 +249,19 @@ def test_the_stop_sequence_is_the_one_the_stream_stopped_on_without_decoding_the
     stopped = c.messages.create(model="claude", max_tokens=24, messages=MSG, stop_sequences=[later, first])
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", first)
     assert stopped.content[0].text == text[:text.index(first)] and decoded == []
+
+
+@needs_smollm2
+def test_a_trailing_assistant_message_is_continued_in_messages_and_responses(smollm2_engine):
+    # Anthropic continues the assistant's text (prefill); specgen answered the conversation anew
+    # ("1, 2, 3, 4, " after "1, 2,"), in Messages and Responses alike.
+    turn = [{"role": "user", "content": "Count to five"}, {"role": "assistant", "content": "1, 2,"}]
+    prefix = smollm2_engine.loaded.tokenizer.apply_chat_template(turn, continue_final_message=True)
+    with running(smollm2_engine, model_name="smollm2") as (url, _):
+        expected = httpx.post(f"{url}/v1/completions", json={"model": "smollm2", "prompt": list(prefix),
+                                                             "max_tokens": 12}, timeout=120).json()
+        expected = expected["choices"][0]["text"]
+        message = anthropic_client(url).messages.create(model="smollm2", max_tokens=12, messages=turn)
+        response = client(url, timeout=120).responses.create(model="smollm2", input=turn, max_output_tokens=12)
+    assert message.content[0].text == response.output_text == expected
+    assert not expected.startswith("1")  # the continuation, not the whole count again
