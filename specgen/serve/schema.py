@@ -82,7 +82,7 @@ def _sized(schema: dict) -> dict:
         raise PydanticCustomError("schema_too_large", "is nested too deeply to be written as JSON") from None
     if size > LIMITS.schema_chars:
         raise PydanticCustomError("schema_too_large", "is {size} characters of JSON, over specgen's "
-                                  "limit of {limit} for one tool's schema",
+                                  "limit of {limit} for one schema",
                                   {"size": size, "limit": LIMITS.schema_chars})
     return schema
 

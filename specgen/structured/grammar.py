@@ -79,8 +79,13 @@ class GrammarFailed(SettingError):
 
 
 def _first_line(reason: str) -> str:
-    """llguidance's reason on one line (a Lark error goes on to quote the line with a caret)."""
-    return reason.strip().splitlines()[0] if reason.strip() else "no reason given"
+    """llguidance's reason on one line (a Lark error goes on to quote the line with a caret; a
+    regex error says what is wrong last, on its "error:" line, which is kept)."""
+    lines = [line.strip() for line in reason.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no reason given"
+    said = next((line for line in lines[1:] if line.startswith("error:")), None)
+    return f"{lines[0]} {said.removeprefix('error:').strip()}" if lines[0].endswith(":") and said else lines[0]
 
 
 def allowed(bitmask: np.ndarray, token: int) -> bool:

@@ -149,6 +149,9 @@ def test_a_format_of_the_wrong_shape_names_its_field(demo, value, field):
     ({"type": "json_schema", "schema": {"not": {"type": "string"}}}, "Unimplemented keys"),
     ({"type": "json_schema", "schema": {"type": "strin"}}, "strin"),
     ({"type": "grammar", "grammar": "start: foo |"}, "unknown name"),
+    # a regex's reason comes on its last line: it was cut to "regex parse error:"
+    ({"type": "json_schema", "schema": {"type": "string", "pattern": "[a-"}},
+     "regex parse error: unclosed character class$"),
 ])
 def test_a_format_that_does_not_compile_says_why(demo, value, reason):
     model, tok = demo
