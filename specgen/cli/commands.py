@@ -24,6 +24,7 @@ from specgen.cli.kit import (
     launch_group,
     listenable,
     shared_ints,
+    usage,
     user_models_file,
 )
 from specgen.engine import registry
@@ -112,11 +113,11 @@ def run(
                                  "own \"prediction\""),
                        (color, "--color cannot be used with --prompts: results are JSON lines")):
         if batch and value:
-            fail(why)
+            usage(why)
     if output is not None and not batch:
-        fail("--output needs --prompts (a single run writes to stdout)")
+        usage("--output needs --prompts (a single run writes to stdout)")
     if batch_rows is not None and not batch:
-        fail("--batch needs --prompts (a single prompt is decoded alone)")
+        usage("--batch needs --prompts (a single prompt is decoded alone)")
     if batch and group is not None:
         fail("--prompts is not supported under mlx.launch yet: run one prompt per launch")
     if batch:
@@ -220,11 +221,11 @@ def serve(
     require_extra()
     check(max_tokens=max_tokens, draft=draft, dtype=dtype, max_batch=max_batch)
     if not 0 <= port <= 65535:
-        fail(f"--port must be between 0 and 65535 (got {port})")
+        usage(f"--port must be between 0 and 65535 (got {port})")
     listenable(host)
     for flag, value in (("--max-queue", max_queue), ("--prompt-cache-bytes", prompt_cache_bytes)):
         if value < 0:
-            fail(f"{flag} must be at least 0 (got {value})")
+            usage(f"{flag} must be at least 0 (got {value})")
     if launch_group(None, None, memory) is not None:
         fail("serve is not supported under mlx.launch yet")
     # before the slow load: it refuses a key no request could send

@@ -17,7 +17,10 @@ import typer
 from specgen.engine import registry
 from specgen.errors import SettingError, SpecgenError
 
-EXIT_ERROR, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 130, 141
+# One rule: 2 when the command line itself is wrong (an unknown flag, a flag's value of the wrong
+# kind or out of range, flags that cannot go together: click's own usage errors are 2 too), 1 for
+# bad input (a prompt, a file, a model) and everything else that fails.
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 2, 130, 141
 # The flag of each setting the library names in its errors and warnings.
 FLAGS = {"max_tokens": "--max-tokens", "draft": "--draft", "ngram_order": "--ngram-order",
          "window": "--window", "temp": "--temp", "top_p": "--top-p", "top_k": "--top-k",
@@ -33,8 +36,14 @@ def fail(message: str, code: int = EXIT_ERROR):
     raise typer.Exit(code)
 
 
+def usage(message: str):
+    """Fail because the command line is wrong (a flag's value, flags that cannot go together)."""
+    fail(message, EXIT_USAGE)
+
+
 def cli_errors(command):
-    """Turn library errors into one line and exit 1; Ctrl-C into 130; a closed pipe into 141."""
+    """Turn library errors into one line and exit 1 (2 for a flag's value); Ctrl-C into 130; a
+    closed pipe into 141."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -43,7 +52,10 @@ def cli_errors(command):
         except SpecgenError as e:
             if os.environ.get("SPECGEN_DEBUG") == "1":
                 traceback.print_exc()
-            fail(e.naming(FLAGS.get(e.param, e.param)) if isinstance(e, SettingError) else str(e))
+            if isinstance(e, SettingError):
+                flag = FLAGS.get(e.param, e.param)
+                fail(e.naming(flag), EXIT_USAGE if flag.startswith("-") else EXIT_ERROR)
+            fail(str(e))
         except KeyboardInterrupt:
             sys.stderr.write("specgen: interrupted\n")
             raise typer.Exit(EXIT_INTERRUPTED)

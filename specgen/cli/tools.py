@@ -16,6 +16,7 @@ from specgen.cli.kit import (
     fail,
     launch_group,
     resolve,
+    usage,
 )
 from specgen.settings import check
 
@@ -101,7 +102,7 @@ def bench(
     say = Notices(quiet, "specgen bench")
     check(max_tokens=max_tokens, draft=draft, repeats=repeats, dtype=dtype)
     if memory and draft is not None:
-        fail("--memory drafts only with the adaptive drafter: leave out --draft")
+        usage("--memory drafts only with the adaptive drafter: leave out --draft")
     sets = read_prompt_file(prompts) if prompts else None  # under mlx.launch, on every machine
     from specgen.engine.engine import Engine
 
@@ -207,7 +208,7 @@ def cache_clear(
     from specgen.engine.curve_store import forget_curves
 
     if (model is None) == (not all_models):
-        fail("say whose entries to clear: -m MODEL or --all (one of the two)")
+        usage("say whose entries to clear: -m MODEL or --all (one of the two)")
     key = registry.model_key(resolve(model)) if model else None
     removed = []
     if not calibration_only:

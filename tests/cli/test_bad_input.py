@@ -148,17 +148,22 @@ def test_a_damaged_calibration_entry_is_measured_again(tmp_path, entry):
     (["simulate", "--overlap", "-0.1", "f.jsonl"], "--overlap must be at least 0 and below 1"),
     (["bench", "--repeats", "0"], "--repeats must be at least 1"),
     (["serve", "--max-batch", "0"], "--max-batch must be at least 1 (got 0)"),
-    (["serve", "--host", "999.1.1.1"], "--host 999.1.1.1: cannot listen there"),  # before the model loads
 ])
-def test_out_of_range_settings_exit_1_naming_the_flag(tmp_path, args, message):
+def test_out_of_range_settings_exit_2_naming_the_flag(tmp_path, args, message):
+    # A usage error, as click's type errors are (`-n nan`): they exited 1 while those exited 2.
     r = invoke(args, tmp_path)
-    assert r.exit_code == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_an_address_that_cannot_be_listened_on_exits_1_before_the_model_loads(tmp_path):
+    r = invoke(["serve", "--host", "999.1.1.1"], tmp_path)
+    assert r.exit_code == 1 and "--host 999.1.1.1: cannot listen there" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("flag,value", [("--batch", "4"), ("--batch", "1"), ("--output", "out.jsonl")])
 def test_flags_for_many_prompts_are_refused_without_prompts(tmp_path, flag, value):
     r = invoke(["run", "-n", "4", flag, value, ONCE], tmp_path)
-    assert r.exit_code == 1 and f"{flag} needs --prompts" in r.stderr and r.stdout == "", r.stderr
+    assert r.exit_code == 2 and f"{flag} needs --prompts" in r.stderr and r.stdout == "", r.stderr
 
 
 @pytest.mark.parametrize("args,flag", [(["--top-p", "0.9"], "--top-p"), (["--top-k", "5"], "--top-k"),
@@ -215,7 +220,7 @@ def test_cache_lists_and_clears_one_model_or_all(tmp_path):
     listed = invoke(["cache"], tmp_path)
     assert str(tmp_path) in listed.stdout and "bundled:stories260K" in listed.stdout
     r = invoke(["cache", "clear"], tmp_path)
-    assert r.exit_code == 1 and "-m MODEL or --all" in r.stderr
+    assert r.exit_code == 2 and "-m MODEL or --all" in r.stderr
     r = invoke(["cache", "clear", "-m", "demo"], tmp_path)
     assert r.exit_code == 0 and "removed 1 memory file(s) and 1 calibration curve(s)" in r.stdout
     assert memories(tmp_path) == {}

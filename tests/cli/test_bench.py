@@ -61,9 +61,9 @@ def test_bench_bad_input_is_one_line():
     r = runner.invoke(app, ["bench", "--prompts", "/nonexistent.txt"])
     assert r.exit_code == 1 and "no such prompts file" in r.stderr
     r = runner.invoke(app, ["bench", "--repeats", "0"])
-    assert r.exit_code == 1 and "--repeats must be at least 1" in r.stderr
+    assert r.exit_code == 2 and "--repeats must be at least 1" in r.stderr
     r = runner.invoke(app, ["bench", "--memory", "--draft", "4"])
-    assert r.exit_code == 1 and "--memory drafts only with the adaptive drafter" in r.stderr
+    assert r.exit_code == 2 and "--memory drafts only with the adaptive drafter" in r.stderr
 
 
 def test_bench_with_memory_drafts_from_it_and_leaves_it_unchanged(tmp_path):

@@ -87,24 +87,25 @@ def test_demo_stops_at_the_end_of_the_story():
     assert "<s>" not in d["text"]
 
 
-@pytest.mark.parametrize("args,input,message", [
-    (["run", ""], None, "prompt is empty"),
-    (["run"], "  \n", "prompt is empty"),
-    (["run", "-n", "0", "x"], None, "--max-tokens must be at least 1"),
-    (["run", "-n", "-3", "x"], None, "--max-tokens must be at least 1"),
-    (["run", "--draft", "-1", "x"], None, "--draft must be 0 or more"),
-    (["run", "--ngram-order", "1", "x"], None, "--ngram-order must be between 2 and 16 (got 1)"),
-    (["run", "--temp", "-0.5", "x"], None, "--temp must be 0 (greedy) or more"),
-    (["run", "--temp", "1", "--top-p", "1.5", "x"], None, "--top-p must be between 0 and 1"),
-    (["run", "-f", "/nonexistent/prompt.txt"], None, "no such file: /nonexistent/prompt.txt"),
-    (["run", "-m", "nosuchalias", "x"], None, "unknown model alias 'nosuchalias' (known: demo"),
-    (["run", "-m", "./no/such/folder", "x"], None, "no such model folder: ./no/such/folder"),
-    (["run", "-m", "mlx-community/not-here-4bit", "x"], None, "cannot download 'mlx-community/not-here-4bit'"),
-    (["run", "-n", "5", "word " * 600], None, "the model's context is 512 tokens: at most 511"),
+@pytest.mark.parametrize("args,input,code,message", [
+    (["run", ""], None, 1, "prompt is empty"),
+    (["run"], "  \n", 1, "prompt is empty"),
+    # a flag's value out of range is a usage error (2), as click's type errors are (`-n nan`)
+    (["run", "-n", "0", "x"], None, 2, "--max-tokens must be at least 1"),
+    (["run", "-n", "-3", "x"], None, 2, "--max-tokens must be at least 1"),
+    (["run", "--draft", "-1", "x"], None, 2, "--draft must be 0 or more"),
+    (["run", "--ngram-order", "1", "x"], None, 2, "--ngram-order must be between 2 and 16 (got 1)"),
+    (["run", "--temp", "-0.5", "x"], None, 2, "--temp must be 0 (greedy) or more"),
+    (["run", "--temp", "1", "--top-p", "1.5", "x"], None, 2, "--top-p must be between 0 and 1"),
+    (["run", "-f", "/nonexistent/prompt.txt"], None, 1, "no such file: /nonexistent/prompt.txt"),
+    (["run", "-m", "nosuchalias", "x"], None, 1, "unknown model alias 'nosuchalias' (known: demo"),
+    (["run", "-m", "./no/such/folder", "x"], None, 1, "no such model folder: ./no/such/folder"),
+    (["run", "-m", "mlx-community/not-here-4bit", "x"], None, 1, "cannot download 'mlx-community/not-here-4bit'"),
+    (["run", "-n", "5", "word " * 600], None, 1, "the model's context is 512 tokens: at most 511"),
 ])
-def test_bad_input_is_one_line_and_exit_1(args, input, message):
+def test_bad_input_exits_1_and_a_bad_flag_2_in_one_line(args, input, code, message):
     r = invoke(args, input=input)
-    assert r.exit_code == 1
+    assert r.exit_code == code
     assert message in r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
