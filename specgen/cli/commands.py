@@ -229,7 +229,8 @@ def serve(
     if launch_group(None, None, memory) is not None:
         fail("serve is not supported under mlx.launch yet")
     # before the slow load: it refuses a key no request could send
-    config = ServeConfig(model_name=registry.served_name(model), max_tokens=max_tokens, draft=draft, memory=memory, api_key=api_key,
+    config = ServeConfig(model_name=registry.served_name(model), max_tokens=max_tokens, draft=draft,
+                         memory=memory, api_key=api_key,
                          max_queue=max_queue, max_batch=max_batch, prompt_cache_bytes=prompt_cache_bytes,
                          allowed_origins=tuple(allowed_origins or ()))
     say = Notices(quiet)

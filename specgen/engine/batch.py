@@ -87,8 +87,8 @@ class Batch:
         if any(r.key == key for r in self.rows + self.waiting):
             raise ValueError(f"key {key!r} is already in the batch")
         seq.start(self.rollback)
-        self.waiting.append(Row(key, seq, prompt_cache if prompt_cache is not None else make_prompt_cache(self.model),
-                                prefilled=cached, keep_cache=keep_cache))
+        cache = prompt_cache if prompt_cache is not None else make_prompt_cache(self.model)
+        self.waiting.append(Row(key, seq, cache, prefilled=cached, keep_cache=keep_cache))
 
     def cancel(self, key: Hashable) -> bool:
         """Drop a sequence, waiting or active; whether it was there. The others go on unchanged.
@@ -127,14 +127,16 @@ class Batch:
             # The prompt with the least left goes first, so a short request is not stuck behind
             # a long one, each step waited counting as a chunk done, so a long one is not
             # starved by a stream of short ones.
-            row = min(self.waiting, key=lambda r: len(r.seq.prompt) - r.prefilled - r.waited * self.prefill_chunk)
+            row = min(self.waiting,
+                      key=lambda r: len(r.seq.prompt) - r.prefilled - r.waited * self.prefill_chunk)
             left = len(row.seq.prompt) - 1 - row.prefilled
             if budget < self.prefill_chunk and left > budget:
                 break
             if left:
                 n = min(left, budget)
                 start = time.perf_counter()
-                self.model(mx.array([row.seq.prompt[row.prefilled : row.prefilled + n]], mx.uint32), cache=row.cache)
+                piece = row.seq.prompt[row.prefilled : row.prefilled + n]
+                self.model(mx.array([piece], mx.uint32), cache=row.cache)
                 mx.eval([c.state for c in row.cache])
                 self.counters.prompt_time += time.perf_counter() - start
                 self.counters.prompt_tokens += n

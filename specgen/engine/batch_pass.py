@@ -49,5 +49,5 @@ def verdicts(logits: mx.array, rows: list[Row], spans: list[tuple[int, int]], ah
         every = GREEDY.verdict(logits.reshape(-1, logits.shape[-1]), 0)
         at = [r.place * width + a + j for r, (a, n) in zip(rows, spans) for j in range(n)]
         return every[:, mx.array(at, mx.int32)]
-    return mx.concatenate([r.seq.verdict(logits[r.place, a : a + n], ahead) for r, (a, n) in zip(rows, spans)],
-                          axis=1)
+    return mx.concatenate([r.seq.verdict(logits[r.place, a : a + n], ahead)
+                           for r, (a, n) in zip(rows, spans)], axis=1)

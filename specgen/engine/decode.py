@@ -136,7 +136,8 @@ def generate(
         # generate_step queues plain steps), assuming every draft in flight holds; where one does
         # not, the pass behind is dropped and its cache entries taken back (see `behind`).
         queue_after = None if constraint is not None else queue_after if speculation.on else 0
-        schedule = Schedule(cap=seq.cap, end=seq.end, context_length=seq.context_length, queue_after=queue_after,
+        schedule = Schedule(cap=seq.cap, end=seq.end, context_length=seq.context_length,
+                            queue_after=queue_after,
                             gap=prices.gap if prices is not None else None)
         inflight: _Pass | None = None
         try:

@@ -199,8 +199,9 @@ class Engine:
         # A grammar's forced tokens are near-certain drafts: they pay where the drafter's own cannot
         # on average, which it still weighs draft by draft.
         off = request.off or (found.off if found and constraint is None else None)
+        stop_ids = self.loaded.stop_ids if request.stop_ids is None else request.stop_ids
         sequence = Sequence(list(request.ids), drafter=drafter, draft=mode.cap, max_tokens=opts.max_tokens,
-                            stop_tokens=self.loaded.stop_ids if request.stop_ids is None else request.stop_ids,
+                            stop_tokens=stop_ids,
                             context_length=self.loaded.context_length, selector=selector, off=off,
                             constraint=constraint,
                             drafter_fed=request.drafter_fed if drafter is request.drafter else 0)

@@ -75,7 +75,8 @@ class Sequence:
     def check_cached(self, cached: int) -> None:
         """Refuse a cache said to hold `cached` prompt tokens that cannot (the last is always fed)."""
         if not 0 <= cached < len(self.prompt):
-            raise ValueError(f"cached must be in [0, {len(self.prompt)}): the last prompt token is always fed")
+            raise ValueError(f"cached must be in [0, {len(self.prompt)}): the last prompt token is "
+                             "always fed")
 
     def start(self, rollback: str, unsupported: str | None = None) -> Speculation:
         """Decide whether it speculates, on a cache rolled back `rollback`-wise (rollback.Rollback's

@@ -11,7 +11,7 @@ class StopText:
         self.stops = tuple(stops)
         self._held = ""  # the tail that could be the start of a stop string
         self.stopped = False
-        self.matched: str | None = None  # the stop string that ended the text (the first listed of those at its place)
+        self.matched: str | None = None  # the stop string that ended the text (first listed, where tied)
 
     def add(self, segment: str) -> tuple[str, bool]:
         """(text to hand out now, whether a stop string just appeared: nothing follows it)."""

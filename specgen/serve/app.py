@@ -66,7 +66,7 @@ def _worker(engine: Engine, config: ServeConfig) -> Worker:
     if config.max_batch > 1 and not why:
         worker = BatchWorker(engine, max_queue=config.max_queue, prompt_cache_bytes=config.prompt_cache_bytes,
                              max_batch=config.max_batch)
-        if config.draft is None and not engine.costs().off:  # drafts priced by rows: before the server answers
+        if config.draft is None and not engine.costs().off:  # drafts priced by rows, before it answers
             worker.streams.price()
         return worker
     return Worker(engine, max_queue=config.max_queue, prompt_cache_bytes=config.prompt_cache_bytes)

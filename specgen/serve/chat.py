@@ -96,7 +96,8 @@ class _Common(Strict, Body):
 
     model: ModelName
     max_tokens: Optional[int] = None
-    temperature: Optional[float] = Field(None, le=2, allow_inf_nan=False)  # OpenAI's range; below 0 is settings.check's
+    # OpenAI's range; below 0 is settings.check's
+    temperature: Optional[float] = Field(None, le=2, allow_inf_nan=False)
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     min_p: Optional[float] = None

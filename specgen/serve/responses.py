@@ -129,7 +129,8 @@ class ResponsesRequest(Lenient, Body):
     tools: Optional[Tools[Tool]] = None
     tool_choice: Union[Literal["auto", "none", "required"], dict[str, Any], None] = None
     max_output_tokens: Optional[int] = None
-    temperature: Optional[float] = Field(None, le=2, allow_inf_nan=False)  # OpenAI's range; below 0 is settings.check's
+    # OpenAI's range; below 0 is settings.check's
+    temperature: Optional[float] = Field(None, le=2, allow_inf_nan=False)
     top_p: Optional[float] = None
     stream: Optional[bool] = None
     parallel_tool_calls: Optional[bool] = None  # false: only the first tool call is returned

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import llguidance
 
 from specgen.errors import SettingError
+from specgen.structured.unanswerable import why_unanswerable
 
 KINDS = ("json_schema", "json_object", "grammar", "regex")
 # JSON is compact: no whitespace between tokens (as OpenAI's own output). With llguidance's default
@@ -70,6 +71,9 @@ def parse(value: Any, param: str = "response_format") -> Format | None:
         name = body.get("name", "")
         if not isinstance(name, str):
             raise SettingError(f"{where}.name", "must be a string")
+        why = why_unanswerable(schema)
+        if why:
+            raise SettingError(f"{where}.schema", why)
         return Format("json_schema", _canonical(schema), name)
     if kind in ("grammar", "regex"):
         text = value.get(kind)

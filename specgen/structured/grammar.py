@@ -85,7 +85,9 @@ def _first_line(reason: str) -> str:
     if not lines:
         return "no reason given"
     said = next((line for line in lines[1:] if line.startswith("error:")), None)
-    return f"{lines[0]} {said.removeprefix('error:').strip()}" if lines[0].endswith(":") and said else lines[0]
+    if not (lines[0].endswith(":") and said):
+        return lines[0]
+    return f"{lines[0]} {said.removeprefix('error:').strip()}"
 
 
 def allowed(bitmask: np.ndarray, token: int) -> bool:

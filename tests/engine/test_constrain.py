@@ -244,7 +244,9 @@ def test_a_grammar_that_gives_up_fails_its_own_request_alone_in_one_line(demo_en
     from specgen.engine.batch_streams import Streams
     from specgen.structured.grammar import GrammarFailed
 
-    bad = Request(demo_engine.encode(ONCE), Options(max_tokens=30, response_format=parse(fmt)))
+    # (the schema is refused by parse, structured/unanswerable.py: made by hand, it reaches the engine)
+    fmt = Format("json_schema", json.dumps(fmt["json_schema"]["schema"])) if "json_schema" in fmt else parse(fmt)
+    bad = Request(demo_engine.encode(ONCE), Options(max_tokens=30, response_format=fmt))
     with pytest.raises(GrammarFailed) as alone:
         list(demo_engine.stream(bad))
     message = str(alone.value)
@@ -281,3 +283,24 @@ def test_a_draft_that_runs_past_the_grammars_end_is_cut_there(demo_engine):
     got = constraint.verified(Verified([*drafts, 7], len(drafts) + 1), rows, drafts, 40)
     assert got.tokens[:3] == drafts  # the draft's end is the grammar's: the step is cut there
     assert constraint.matcher.forced() == said[-2:]  # the grammar is where it was
+
+
+def test_only_schemas_no_finite_output_obeys_are_refused_before_compiling():
+    from specgen.structured.unanswerable import why_unanswerable
+
+    node = {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}
+    refused = [{"$defs": {"n": node}, "$ref": "#/$defs/n"}, {"$ref": "#"},
+               {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+               {"$defs": {"n": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"},
+               {"type": "integer", "minimum": 1e30}, {"type": "integer", "maximum": -1e20},
+               {"type": "integer", "minimum": 5, "maximum": 4}]
+    kept = [{"$defs": {"n": {**node, "required": []}}, "$ref": "#/$defs/n"},  # the field may be left out
+            {"$defs": {"n": {"anyOf": [{"type": "null"}, node]}}, "$ref": "#/$defs/n"},  # a way out
+            {"$defs": {"n": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                             "required": ["kids"]}}, "$ref": "#/$defs/n"},  # an empty list ends it
+            {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}, SCHEMA, True, {"$ref": "#/nowhere"}]
+    assert all(why_unanswerable(s) for s in refused)
+    assert [why_unanswerable(s) for s in kept] == [None] * len(kept)
+    with pytest.raises(SettingError, match="no output can end") as e:
+        parse({"type": "json_schema", "json_schema": {"name": "n", "schema": {"$ref": "#"}}})
+    assert e.value.param == "response_format.json_schema.schema"

@@ -301,9 +301,11 @@ ENDLESS = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$de
            "$ref": "#/$defs/n"}
 
 
-def test_a_schema_the_parser_gives_up_on_fails_its_request_alone(demo):
+def test_a_schema_the_parser_gives_up_on_fails_its_request_alone(demo, monkeypatch):
     # It compiles, then llguidance gives up at the first step: the batch step raised, and every
-    # request running then got a 500 carrying the parser's state and the whole grammar.
+    # request running then got a 500 carrying the parser's state and the whole grammar. (This one
+    # is refused before queueing now, below: let it through to reach the generation.)
+    monkeypatch.setattr("specgen.structured.formats.why_unanswerable", lambda schema: None)
     url, plain = demo
     ask = {"model": "demo", "messages": STORY, "max_tokens": 24}
     bad = {**ask, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": ENDLESS}}}
@@ -336,3 +338,23 @@ def test_a_tool_call_after_an_earlier_one_is_the_same_speculating_or_not(smollm2
     calls = [[(c.function.name, json.loads(c.function.arguments)) for c in g.message.tool_calls] for g in got]
     assert calls[0] == calls[1] == [("get_weather", {"city": "Paris"})]
     assert got[0].finish_reason == got[1].finish_reason == "tool_calls"
+
+
+UNANSWERABLE = {  # each compiles, and llguidance gave up on it, answered "" or broke the range
+    "nested forever": ENDLESS, "itself": {"$ref": "#"},
+    "a cycle": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    "no 64-bit integer": {"type": "integer", "minimum": 1e30, "maximum": 1e30 + 1},
+}
+
+
+@pytest.mark.parametrize("schema", list(UNANSWERABLE.values()), ids=list(UNANSWERABLE))
+def test_a_schema_no_output_can_obey_is_a_400_naming_it_and_a_plain_request_beside_it_is_exact(demo, schema):
+    url, plain = demo
+    ask = {"model": "demo", "messages": STORY, "max_tokens": 16}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    expected = httpx.post(f"{plain}/v1/chat/completions", json=ask, timeout=60).json()
+    with ThreadPoolExecutor(2) as pool:
+        bad, good = pool.map(lambda body: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60),
+                             [{**ask, "response_format": fmt}, ask])
+    assert error_message("/v1/chat/completions", bad, "response_format.json_schema.schema")
+    assert good.json()["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
