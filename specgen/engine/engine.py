@@ -15,6 +15,7 @@ loop's stream context and its cache rewind happen there); the server keeps one w
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from specgen.engine.constrain import Constraint
 from specgen.engine.cost import StepPrices
 from specgen.engine.mode import DraftMode
 from specgen.engine.options import Options
-from specgen.engine.prompts import encode_prompt
+from specgen.engine.prompts import check_fits, encode_prompt, text_chars
 from specgen.engine.responder import Responder, Response
 from specgen.engine.sampling import MlxLmSampling, Selector, make_selector
 from specgen.engine.sequence import Sequence
@@ -98,9 +99,20 @@ class Engine:
 
     def encode(self, prompt: str | list[dict], *, raw: bool = False, system: str | None = None) -> list[int]:
         """Token ids of a prompt or conversation, through the chat template unless `raw` or the
-        model's alias turns it off."""
+        model's alias turns it off; one whose text cannot fit the context is refused unread."""
+        self.check_fits(text_chars(prompt))
         return encode_prompt(self.loaded.tokenizer, prompt, chat=self.loaded.spec.chat_template and not raw,
                              system=system)
+
+    def check_fits(self, chars: int, what: str = "the prompt") -> None:
+        """InputError where `chars` characters of text cannot fit the context (prompts.check_fits)."""
+        check_fits(chars, self.loaded.context_length, self.token_chars, what)
+
+    @functools.cached_property
+    def token_chars(self) -> int:
+        """The most characters one token of this tokenizer stands for (its longest vocabulary
+        entry: at least as long as the text it decodes to)."""
+        return max(map(len, self.loaded.tokenizer.get_vocab()), default=1)
 
     @property
     def grammars(self) -> Grammars:

@@ -1,8 +1,33 @@
-"""How a prompt (text, or a conversation) becomes token ids: through the chat template or not."""
+"""How a prompt (text, or a conversation) becomes token ids: through the chat template or not;
+and whether its text can fit a context at all, told before tokenizing it."""
 
 from __future__ import annotations
 
-from specgen.errors import SettingError
+from specgen.errors import InputError, SettingError
+
+
+def text_chars(prompt: str | list[dict]) -> int:
+    """The characters of a prompt's own text (its messages' text contents, text parts included):
+    no more than the tokenizer will see."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    total = 0
+    for message in prompt:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return total
+
+
+def check_fits(chars: int, context_length: int | None, token_chars: int, what: str = "the prompt") -> None:
+    """Refuse text of `chars` characters that no tokenization can fit in `context_length` tokens
+    (each token at most `token_chars` characters): before tokenizing it, whose time and memory
+    grow with the text (a 30 MB body took minutes and gigabytes to be told it was too long)."""
+    if context_length is not None and chars > context_length * token_chars:
+        raise InputError(f"{what} is {chars} characters, more than the model's context of {context_length} "
+                         f"tokens can hold (a token is at most {token_chars} characters)")
 
 
 def encode_prompt(tokenizer, prompt: str | list[dict], *, chat: bool, system: str | None = None

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
 from specgen.engine.engine import Engine
+from specgen.engine.prompts import text_chars
 from specgen.errors import SpecgenError
 from specgen.serve import generic_tools
 from specgen.serve.chat import ChatRequest, CompletionRequest
@@ -51,6 +52,7 @@ def template_ids(engine: Engine, messages: list[dict], tools: list[dict] | None,
     ends inside it, and the answer is only what follows."""
     go_on = continue_last and bool(messages) and messages[-1].get("role") == "assistant"
     try:
+        engine.check_fits(text_chars(messages), "the conversation")  # before tokenizing it
         if _templated(engine):
             return list(engine.loaded.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=not go_on, continue_final_message=go_on))
@@ -89,6 +91,10 @@ def completion_ids(engine: Engine, req: CompletionRequest) -> list[int]:
     """The prompt's token ids: text encoded as mlx-lm encodes it, or the ids given."""
     prompt = req.one_prompt()
     if isinstance(prompt, str):
+        try:
+            engine.check_fits(len(prompt))  # before tokenizing it
+        except SpecgenError as e:
+            raise bad("prompt", str(e)) from None
         ids = list(engine.loaded.tokenizer.encode(prompt))
     else:
         vocab = engine.loaded.config.get("vocab_size") or len(engine.loaded.tokenizer.get_vocab())

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,13 @@ def test_cache_clear_forgets_batched_step_costs_too(tmp_path):
     assert json.loads((tmp_path / "batch_calibration.json").read_text())
     assert invoke(["cache", "clear", "-m", "demo"], tmp_path).exit_code == 0
     assert json.loads((tmp_path / "batch_calibration.json").read_text()) == {}
+
+
+def test_a_prompt_file_that_cannot_fit_is_refused_before_tokenizing(tmp_path):
+    # A 36 MB file took 2 min 16 s and 4.4 GB before the context error.
+    big = tmp_path / "big.txt"
+    big.write_text("Once upon a time there was a dog. " * 300_000)  # 10 MB
+    start = time.monotonic()
+    r = invoke(["run", "-f", str(big)], tmp_path)
+    assert r.exit_code == 1 and "characters, more than the model's context of 512 tokens" in r.stderr, r.stderr
+    assert time.monotonic() - start < 30

@@ -7,6 +7,7 @@ surrogate named as such; and Messages saying when the context, not max_tokens, e
 """
 
 import json
+import time
 
 import httpx
 import pytest
@@ -228,3 +229,23 @@ def test_messages_say_when_the_context_ended_the_answer_not_max_tokens(served):
     assert post(served, "/v1/messages", {**long, "max_tokens": 3}).json()["stop_reason"] == "max_tokens"
     chat = post(served, "/v1/chat/completions", {**CHAT, "max_tokens": 20000, "messages": long["messages"]})
     assert chat.json()["choices"][0]["finish_reason"] == "length"  # OpenAI has no other name for it
+
+
+def test_a_body_whose_text_cannot_fit_is_refused_before_tokenizing_in_bounded_time_and_memory(demo_engine):
+    # A 30 MB count_tokens body took 107 s and the server from 0.56 to 5.6 GB; chat routes
+    # tokenized the same way before the context check.
+    import resource
+
+    text = "Once upon a time there was a dog. " * 600_000  # 20 MB: the demo's context holds ~3,600 characters
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with running(demo_engine) as (url, _):
+        for path, body, field in [
+            ("/v1/messages/count_tokens", {"model": "m", "messages": [{"role": "user", "content": text}]}, "messages"),
+            ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": text}]}, "messages"),
+            ("/v1/completions", {"model": "m", "prompt": text}, "prompt")]:
+            start = time.monotonic()
+            r = httpx.post(f"{url}{path}", json=body, timeout=60)
+            assert time.monotonic() - start < 20
+            assert "characters, more than the model's context" in error_message(path, r, field)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 400, grown_mb  # the body (20 MB), parsed a few times over, not its tokens
