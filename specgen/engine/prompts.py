@@ -21,11 +21,18 @@ def text_chars(prompt: str | list[dict]) -> int:
     return total
 
 
+# Text up to this long is tokenized even where it cannot fit, so that each API's own overflow error
+# can say by how many tokens (about a second and a few hundred MB at most here); past it, it is
+# refused unread.
+TOKENIZED_CHARS = 1_000_000
+
+
 def check_fits(chars: int, context_length: int | None, token_chars: int, what: str = "the prompt") -> None:
     """Refuse text of `chars` characters that no tokenization can fit in `context_length` tokens
-    (each token at most `token_chars` characters): before tokenizing it, whose time and memory
-    grow with the text (a 30 MB body took minutes and gigabytes to be told it was too long)."""
-    if context_length is not None and chars > context_length * token_chars:
+    (each token at most `token_chars` characters), where it is longer than TOKENIZED_CHARS: before
+    tokenizing it, whose time and memory grow with the text (a 30 MB body took minutes and
+    gigabytes to be told it was too long)."""
+    if context_length is not None and chars > max(context_length * token_chars, TOKENIZED_CHARS):
         raise InputError(f"{what} is {chars} characters, more than the model's context of {context_length} "
                          f"tokens can hold (a token is at most {token_chars} characters)")
 

@@ -64,10 +64,10 @@ def test_flags_that_do_not_fit_a_batch_are_refused_each_saying_why(prompts):
                        (["--predict", str(prompts)], "--predict cannot be used with --prompts: a JSONL line"),
                        (["--color"], "--color cannot be used with --prompts: results are JSON lines")):
         r = invoke(["run", "--prompts", str(prompts), *extra])
-        assert r.exit_code == 1 and r.stderr.startswith("specgen: error: ") and why in r.stderr, r.stderr
+        assert r.exit_code == 2 and r.stderr.startswith("specgen: error: ") and why in r.stderr, r.stderr
         assert r.stderr.count("\n") == 1 and ("prediction" in r.stderr) == (extra[0] == "--predict")
     r = invoke(["run", "-o", "out.jsonl", "Once"])
-    assert r.exit_code == 1 and "--output needs --prompts" in r.stderr
+    assert r.exit_code == 2 and "--output needs --prompts" in r.stderr
 
 
 BAD = ['{"id": "broken", "prompt": "torn', '{"id": "m", "nope": 1}', '{"id": "p0", "prompt": "a duplicate id"}',
@@ -116,12 +116,12 @@ def test_the_prompts_file_as_output_is_refused_under_any_name(prompts, tmp_path)
     os.link(prompts, tmp_path / "hard.jsonl")
     for out in (prompts, tmp_path / "soft.jsonl", tmp_path / "hard.jsonl"):
         r = invoke(["run", "--prompts", str(prompts), "-o", str(out)])
-        assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.output
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output  # flags that cannot go together
         assert r.stderr.startswith(f"specgen: error: -o/--output is the prompts file ({out})")
     with prompts.open() as stdin:  # `--prompts - < FILE -o FILE`
         r = subprocess.run([sys.executable, "-m", "specgen", "run", "--prompts", "-", "-o", str(prompts)],
                            stdin=stdin, capture_output=True, text=True)
-    assert r.returncode == 1 and "-o/--output is the prompts file" in r.stderr
+    assert r.returncode == 2 and "-o/--output is the prompts file" in r.stderr
     assert prompts.read_bytes() == before
 
 

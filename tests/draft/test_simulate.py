@@ -119,9 +119,9 @@ def test_simulate_json_per_file_and_category(tmp_path):
     (d,) = json.loads(r.stdout)
     assert d["categories"]["loop"]["steps"] == 4 and d["categories"]["edit"]["steps"] == 4
     r = runner.invoke(app, ["simulate", f, "--pipeline-after", "0"])
-    assert r.exit_code == 1 and "--pipeline-after must be at least 1" in r.stderr
+    assert r.exit_code == 2 and "--pipeline-after must be at least 1" in r.stderr
     r = runner.invoke(app, ["simulate", f, "--overlap", "1"])
-    assert r.exit_code == 1 and "--overlap must be at least 0 and below 1" in r.stderr
+    assert r.exit_code == 2 and "--overlap must be at least 0 and below 1" in r.stderr
 
 
 @pytest.mark.parametrize("tok", [SHARED / "tokenizers/llama2/tokenizer.model",

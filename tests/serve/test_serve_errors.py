@@ -261,7 +261,7 @@ def test_the_command_names_its_bad_flags_and_the_missing_extra(monkeypatch):
     for flags, named in ((["--port", "70000"], "--port"), (["--max-tokens", "0"], "--max-tokens"),
                          (["--max-queue", "-1"], "--max-queue"), (["--dtype", "int3"], "--dtype")):
         r = CliRunner().invoke(app, ["serve", "-m", "demo", *flags])
-        assert r.exit_code == 1 and named in r.stderr, r.output
+        assert r.exit_code == 2 and named in r.stderr, r.output  # a usage error
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the extra were not installed
     r = CliRunner().invoke(app, ["serve", "-m", "demo"])
     assert r.exit_code == 1 and "pip install 'specgen[serve]'" in r.stderr and len(r.stderr.splitlines()) == 1
@@ -284,4 +284,4 @@ def test_a_temperature_of_nan_is_named_as_not_a_number_and_top_p_0_is_greedy(ser
 
     greedy = text(temperature=0)
     assert [text(temperature=1.0, top_p=0, seed=s) for s in (1, 2)] == [greedy, greedy]
-    assert text(temperature=1.0, seed=1) != greedy or text(temperature=1.0, seed=2) != greedy
+    assert any(text(temperature=1.0, seed=s) != greedy for s in range(1, 9))  # (which top_p 0 stops)
