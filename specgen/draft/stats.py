@@ -5,6 +5,7 @@ with their JSON form. Text lines are report's and display's.
 
 from __future__ import annotations
 
+import difflib
 import math
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ class RunStats:
     cached_tokens: int = 0  # prompt tokens a prompt cache already held (not prefilled)
     prediction_drafted: int = 0  # drafted tokens that came from the caller's prediction
     prediction_accepted: int = 0  # ...and were accepted
+    prediction_ids: list[int] = field(default_factory=list, repr=False)  # the caller's prediction
     output_ids: list[int] = field(default_factory=list, repr=False)  # every token emitted
     stop_token: int | None = None  # the stop token that ended it, if one did (not in output_ids)
     stop_string: str | None = None  # the stop string that ended the text, if one did
@@ -122,6 +124,18 @@ class RunStats:
         if self.stop_reason is None:
             return None
         return "length" if self.stop_reason in ("max_tokens", "context") else "stop"
+
+    @property
+    def prediction_in_output(self) -> tuple[int, int]:
+        """(accepted, rejected) prediction tokens as OpenAI counts them: the prediction's tokens
+        that appear in the output (its longest common subsequence with it, in order), and the
+        rest. Not what speculation took from it (`prediction_accepted`): a prediction equal to the
+        answer counts whole, whichever source drafted its tokens."""
+        if not self.prediction_ids:
+            return 0, 0
+        matcher = difflib.SequenceMatcher(None, self.prediction_ids, self.output_ids, autojunk=False)
+        appeared = sum(block.size for block in matcher.get_matching_blocks())
+        return appeared, len(self.prediction_ids) - appeared
 
     def to_dict(self) -> dict:
         """The documented JSON fields (see README, "JSON output")."""

@@ -198,6 +198,7 @@ class Engine:
         if isinstance(prediction, str):
             prediction = (self.loaded.tokenizer.encode(prediction, add_special_tokens=False)
                           if prediction else None)
+        stats.prediction_ids = list(prediction or ())
         drafter = request.drafter
         if drafter is not None and opts.draft is None:
             drafter.continue_with(prediction or ())

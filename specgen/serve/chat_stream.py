@@ -20,11 +20,11 @@ from specgen.serve.turn import Done, Event, Piece, generated
 def usage(stats) -> dict:
     """OpenAI's usage object of a finished generation."""
     prompt, completion = stats.prompt_tokens, generated(stats)
+    accepted, rejected = stats.prediction_in_output
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
-            "completion_tokens_details": {"accepted_prediction_tokens": stats.prediction_accepted,
-                                          "rejected_prediction_tokens": stats.prediction_drafted - stats.prediction_accepted,
-                                          "reasoning_tokens": 0}}
+            "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": rejected, "reasoning_tokens": 0}}
 
 
 def specgen_stats(stats) -> dict:
