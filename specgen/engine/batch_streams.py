@@ -3,8 +3,9 @@ up and answers it alone (Engine.plan, responder.Responder): the surface that the
 and `run --prompts --batch` drive, one thread stepping it.
 
 Drafts are priced by the measured cost of a batched step (batch_cost.py, measured once per model
-and machine, before the first request that drafts adaptively). A model that cannot batch
-(batch_probe.batch_unsupported) is the caller's to run one request at a time.
+and machine: by a server before it answers, else before the first request that drafts
+adaptively). A model that cannot batch (batch_probe.batch_unsupported) is the caller's to run one
+request at a time.
 """
 
 from __future__ import annotations

@@ -39,7 +39,10 @@ def test_a_memory_survives_runs_with_other_settings(tmp_path):
     for _ in range(2):
         assert invoke(["run", "--memory", "-n", "12", ONCE], tmp_path).exit_code == 0
     r = invoke(["run", "--memory", "--ngram-order", "5", "-n", "12", ONCE], tmp_path)
-    assert r.exit_code == 0 and "warning" not in r.stderr
+    # (no warning about the memory: "speculation off" is the machine's, where a loaded CPU
+    # calibrates verifying as dear)
+    warned = [line for line in r.stderr.splitlines() if "warning" in line and "speculation off" not in line]
+    assert r.exit_code == 0 and not warned, r.stderr
     assert memories(tmp_path) == {4: 2, 5: 1}  # kept apart, neither overwritten
     assert invoke(["run", "--memory", "-n", "12", ONCE], tmp_path).exit_code == 0
     assert memories(tmp_path) == {4: 3, 5: 1}
