@@ -8,7 +8,7 @@ its passes: queued behind the one in flight where that pays, eager where nothing
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 from typing import Sequence as Ids
 
 import mlx.core as mx
@@ -46,6 +46,7 @@ def generate(
     cached: int = 0,
     queue_after: int | None = None,
     prices: StepPrices | None = None,
+    cancelled: Callable[[], bool] | None = None,
     **settings,
 ) -> Iterator[Prefilled | Step]:
     """Generate one sequence: `prompt` is a Sequence (sequence.py: its drafter, draft cap,
@@ -59,7 +60,9 @@ def generate(
     `prices` (cost.StepPrices): what steps cost in plain steps as this loop runs them, which
     decides where a pass is queued behind another, and how a pass nothing runs ahead of is
     evaluated (eagerly where the prices were timed so). A grammar's mask needs the last token on
-    the host, so under one passes are not queued ahead.
+    the host, so under one passes are not queued ahead. `cancelled` is asked between prefill
+    chunks: once it says so, the generator ends without a `Prefilled` (the cache then holds part
+    of the prompt only), so a dropped long prompt stops within a chunk.
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
     yielded step the cache holds every prompt and emitted token except the last emitted one
@@ -128,6 +131,8 @@ def generate(
 
     with mx.stream(generation_stream):
         for start in range(cached, len(prompt) - 1, PREFILL_CHUNK):
+            if start > cached and cancelled is not None and cancelled():
+                return
             forward(prompt[start : min(start + PREFILL_CHUNK, len(prompt) - 1)])
             mx.eval([c.state for c in cache])
         yield seq.prefilled()

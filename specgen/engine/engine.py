@@ -67,6 +67,7 @@ class Request:
     off: str | None = None  # why not to speculate, decided by the caller
     drafter: AdaptiveDrafter | None = None  # one already fed the first `drafter_fed` of `ids`
     drafter_fed: int = 0
+    cancelled: Callable[[], bool] | None = None  # asked between prefill chunks (decode.generate)
 
 
 class Engine:
@@ -228,7 +229,8 @@ class Engine:
         stats = stats or RunStats()
         plan = self.plan(request, stats)
         events = decode.generate(self.loaded.model, plan.sequence, prompt_cache=request.prompt_cache,
-                                 cached=request.cached, queue_after=plan.queue_after, prices=plan.prices)
+                                 cached=request.cached, queue_after=plan.queue_after, prices=plan.prices,
+                                 cancelled=request.cancelled)
         responder = Responder(self.loaded.tokenizer, request.options.stop, stats, plan.sequence.drafter)
         try:
             for event in events:

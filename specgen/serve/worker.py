@@ -188,7 +188,8 @@ class Worker:
                     break
         finally:
             stream.close()  # here, on this thread: the decode loop rewinds the cache
-        self._keep(job, prepared, prepared.request.prompt_cache)
+        # A job cancelled within its prefill left a cache holding part of its prompt: not kept.
+        self._keep(job, prepared, prepared.request.prompt_cache if job.stats.prompt_tokens else None)
         cancelled = job.cancelled.is_set() and job.stats.stop_reason is None
         self.cancelled += cancelled
         self.served += not cancelled
@@ -214,7 +215,7 @@ class Worker:
         if keep and drafter is None:
             drafter = self.engine.new_drafter(opts)
         request = Request(job.ids, opts, prompt_cache=cache, cached=cached, prediction=job.prediction,
-                          drafter=drafter, drafter_fed=fed)
+                          drafter=drafter, drafter_fed=fed, cancelled=job.cancelled.is_set)
         return Prepared(request, settings, keep)
 
     def _keep(self, job: Job, prepared: Prepared, cache: list | None) -> None:

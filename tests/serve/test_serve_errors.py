@@ -19,6 +19,8 @@ import pytest
 from servers import client, running
 
 from specgen.engine.batch_streams import Streams
+from specgen.engine.engine import Request
+from specgen.engine.options import Options
 
 MSG = [{"role": "user", "content": "Once upon a time"}]
 
@@ -285,3 +287,28 @@ def test_a_temperature_of_nan_is_named_as_not_a_number_and_top_p_0_is_greedy(ser
     greedy = text(temperature=0)
     assert [text(temperature=1.0, top_p=0, seed=s) for s in (1, 2)] == [greedy, greedy]
     assert any(text(temperature=1.0, seed=s) != greedy for s in range(1, 9))  # (which top_p 0 stops)
+
+
+def test_a_dropped_long_prompt_stops_within_a_prefill_chunk(paced_engine, demo_engine, monkeypatch):
+    # Its prefill went on to the end after its client left (cancel was checked only once it was
+    # done), and a small request behind it waited for all of it.
+    from specgen.engine import decode
+
+    monkeypatch.setattr(decode, "PREFILL_CHUNK", 32)  # 0.32 s of the paced model's prefill
+    long_prompt = "Once upon a time there was a little dog. " * 40  # ~400 tokens: 4 s of prefill
+    with running(paced_engine, max_batch=1) as (url, worker):
+        with pytest.raises(httpx.TimeoutException):  # the client leaves 1 s into the prefill
+            httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": long_prompt, "max_tokens": 1},
+                       timeout=1.0)
+        start = time.monotonic()
+        small = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "Once", "max_tokens": 2},
+                           timeout=30)
+        waited = time.monotonic() - start
+        assert small.status_code == 200 and waited < 2.0, waited  # (the rest of the prefill: 3 s)
+        assert worker.cancelled == 1
+        # what the cancelled prefill left is not kept as the prompt's cache: the prompt again is exact
+        again = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": long_prompt, "max_tokens": 4},
+                           timeout=30).json()["choices"][0]["text"]
+    expected = "".join(r.text for r in demo_engine.stream(Request(demo_engine.loaded.tokenizer.encode(long_prompt),
+                                                                   Options(max_tokens=4))))
+    assert again == expected
