@@ -116,8 +116,11 @@ class CountRequest(Lenient, Body):
         called: set[str] = set()  # the ids of the tool_use blocks so far
         for i, m in enumerate(self.messages):
             where = f"messages[{i}].content"
-            if not m.content and not (m.role == "assistant" and i == len(self.messages) - 1):
-                raise bad(where, "is empty: every message but a final assistant one must say something")
+            # Anthropic's rule is for user and assistant turns: Claude Code sends per-turn system
+            # messages with no content
+            if not m.content and m.role != "system" and not (m.role == "assistant" and i == len(self.messages) - 1):
+                raise bad(where, "is empty: every user or assistant message but a final assistant one must "
+                                 "say something")
             blocks = _blocks(m.content)
             _refuse(blocks, where)
             if m.role == "system":

@@ -265,3 +265,16 @@ def test_a_trailing_assistant_message_is_continued_in_messages_and_responses(smo
         response = client(url, timeout=120).responses.create(model="smollm2", input=turn, max_output_tokens=12)
     assert message.content[0].text == response.output_text == expected
     assert not expected.startswith("1")  # the continuation, not the whole count again
+
+
+def test_an_empty_system_message_as_claude_code_sends_is_no_error(served):
+    # The non-empty rule is Anthropic's for user and assistant turns; Claude Code's per-turn
+    # system messages with "content": [] (and an output_config) were a 400 "is empty".
+    url, _ = served
+    turn = [*MSG, {"role": "system", "content": []}]
+    m = anthropic_client(url).messages.create(model="claude", max_tokens=4, messages=turn,
+                                              extra_body={"output_config": {"effort": "low"}})
+    assert m.stop_reason == "max_tokens"
+    r = httpx.post(f"{url}/v1/messages", json={"model": "c", "max_tokens": 4,
+                                               "messages": [{"role": "user", "content": []}]}, timeout=30)
+    assert r.status_code == 400 and "is empty" in r.text
