@@ -118,7 +118,8 @@ class CountRequest(Lenient, Body):
             where = f"messages[{i}].content"
             # Anthropic's rule is for user and assistant turns: Claude Code sends per-turn system
             # messages with no content
-            if not m.content and m.role != "system" and not (m.role == "assistant" and i == len(self.messages) - 1):
+            last = i == len(self.messages) - 1
+            if not m.content and m.role != "system" and not (m.role == "assistant" and last):
                 raise bad(where, "is empty: every user or assistant message but a final assistant one must "
                                  "say something")
             blocks = _blocks(m.content)
