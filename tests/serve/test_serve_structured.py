@@ -358,3 +358,23 @@ def test_a_schema_no_output_can_obey_is_a_400_naming_it_and_a_plain_request_besi
                              [{**ask, "response_format": fmt}, ask])
     assert error_message("/v1/chat/completions", bad, "response_format.json_schema.schema")
     assert good.json()["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
+
+
+PATHOLOGICAL = {  # catastrophic for a backtracking matcher; llguidance's lazy automata take them
+    "nested plus": {"type": "string", "pattern": "^(a+)+$"},
+    "alternation star": {"type": "string", "pattern": "^(a|aa)*b$"},
+    "counted": {"type": "string", "pattern": "^(x{1,30}){1,30}$"},
+}
+
+
+@pytest.mark.parametrize("schema", list(PATHOLOGICAL.values()), ids=list(PATHOLOGICAL))
+def test_a_catastrophic_pattern_is_answered_or_refused_and_a_plain_request_beside_it_is_exact(demo, schema):
+    url, plain = demo
+    ask = {"model": "demo", "messages": STORY, "max_tokens": 16}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    expected = httpx.post(f"{plain}/v1/chat/completions", json=ask, timeout=60).json()
+    with ThreadPoolExecutor(2) as pool:
+        odd, good = pool.map(lambda body: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60),
+                             [{**ask, "response_format": fmt}, ask])
+    assert odd.status_code in (200, 400), odd.text
+    assert good.json()["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
