@@ -94,7 +94,7 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
             try:
                 outputs.append(_alone(model, tokenizer, p, o, sampler, logits_processors, counters))
             except GrammarFailed as e:  # its own error, as in a batch
-                _notice(f"prompt {i}: {e}; its text is empty")
+                _failed_prompt(i, e)
                 outputs.append(([], ""))
             progress.done()
     else:
@@ -105,6 +105,11 @@ def batch_generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     texts = [tokenizer.decode(out) if text is None else text for out, text in outputs]
     progress.end(stats)
     return BatchResponse(texts, stats, None, [out for out, _ in outputs] if return_token_ids else None)
+
+
+def _failed_prompt(i: int, error: Exception) -> None:
+    """Say that prompt `i` failed on its own (its grammar gave up): its text is empty."""
+    _notice(f"prompt {i}: {error}; its text is empty")
 
 
 def _per_prompt(name: str, value, n: int) -> list:
@@ -149,7 +154,7 @@ def _batched(streams: Streams, ids, opts, selectors, progress: _Progress):
     while streams.busy:
         for i, response in streams.step():
             if isinstance(response, Failed):  # its own error: its text stays empty, the others go on
-                _notice(f"prompt {i}: {response.error}; its text is empty")
+                _failed_prompt(i, response.error)
                 streams.kept(i)
                 failed.add(i)
                 progress.done()

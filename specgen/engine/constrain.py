@@ -81,9 +81,8 @@ class Constraint:
                     if again.trusted == 0:
                         trusted = i
                         break
-                if i == len(drafts) or tokens[i] != drafts[i] or self.matcher.ended():
+                if i == len(drafts) or tokens[i] != drafts[i] or not self._walk(drafts[i : i + 1]):
                     break  # (past the grammar's end the step is cut at its stop token)
-                self.matcher.advance(drafts[i : i + 1])
                 moved += 1
         finally:
             self.matcher.back(moved)
