@@ -38,10 +38,10 @@ import specgen
 from specgen.cli.timing import Timed, alternate, spread
 from specgen.draft.drafter import make_drafter
 from specgen.draft.simulate import Tally, replay
-from specgen.engine.curve_store import blas
-from specgen.engine.cost import cost_function, relative
-from specgen.engine.eager import CHOICES, eager
-from specgen.engine.rollback import Rollback
+from specgen.engine.cost.curve import cost_function, relative
+from specgen.engine.cost.store import blas
+from specgen.engine.decode.eager import CHOICES, eager
+from specgen.engine.decode.rollback import Rollback
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 SETS = ["code_edit_qwen25coder_7b", "code_fix_python", "chat_llama2_7b", "chat_mistral_7b"]
@@ -92,7 +92,7 @@ def build(shape: str, dtype: str, vocab: int):
 
 def pass_costs(model, tokens: list[int], context: int, every: int, rounds: int = 10) -> dict[str, object]:
     """Seconds of a synchronous pass (1 and 8 positions, argmax read back; also run eagerly every
-    `every` layers, as specgen runs one where its calibration chose that: eager.py), of mlx-lm's
+    `every` layers, as specgen runs one where its calibration chose that: engine/decode/eager.py), of mlx-lm's
     pipelined plain step, and of queued passes of k positions (8 back to back, read once) per k,
     over `context` cached tokens (attention over them weighs on a narrow model's wide passes)."""
     tokens = (tokens * (1 + (context + 600) // len(tokens)))[: context + 600]

@@ -39,12 +39,12 @@ from specgen.draft.drafter import make_drafter
 from specgen.draft.memory import NGramMemory
 from specgen.draft.simulate import Tally, replay
 from specgen.draft.traces import load_tokenizer
-from specgen.engine.calibrate import measure
-from specgen.engine.curve_store import blas
-from specgen.engine.cost import Curve, cost_function, drafting_cost, relative
-from specgen.engine.distributed import share, world
-from specgen.engine.mode import describe_curve
-from specgen.engine.rollback import Rollback
+from specgen.engine.cost.calibrate import measure
+from specgen.engine.cost.curve import Curve, cost_function, drafting_cost, relative
+from specgen.engine.cost.mode import describe_curve
+from specgen.engine.cost.store import blas
+from specgen.engine.decode.rollback import Rollback
+from specgen.engine.load.distributed import share, world
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FILES = ["code_edit_qwen25coder_7b", "code_fix_python", "chat_llama2_7b", "chat_mistral_7b",

@@ -16,10 +16,10 @@ import json
 import statistics
 from pathlib import Path
 
-from specgen.draft.stats import RunStats
-from specgen.engine.curve_store import blas
+from specgen.engine.cost.store import blas
 from specgen.engine.engine import Engine, Request
 from specgen.engine.options import Options
+from specgen.stats import RunStats
 
 SETS = Path(__file__).parent / "prompts"
 

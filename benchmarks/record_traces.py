@@ -24,7 +24,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from specgen.cli.bench import read_prompt_file
-from specgen.engine import registry
+from specgen.engine.load import registry
 from specgen.engine.prompts import encode_prompt
 
 ROOT = Path(__file__).resolve().parent

@@ -23,12 +23,12 @@ from mlx_lm.sample_utils import make_sampler
 from specgen.cli.bench import mlx_lm_tokens, read_prompt_file, specgen_tokens
 from specgen.cli.timing import alternate, spread
 from specgen.draft.drafter import make_drafter
-from specgen.draft.stats import Counts
-from specgen.engine import registry
-from specgen.engine.calibrate import model_costs
-from specgen.engine.curve_store import blas
+from specgen.engine.cost.calibrate import model_costs
+from specgen.engine.cost.store import blas
+from specgen.engine.decode.sampling import make_selector
+from specgen.engine.load import registry
 from specgen.engine.prompts import encode_prompt
-from specgen.engine.sampling import make_selector
+from specgen.stats import Counts
 
 ROOT = Path(__file__).resolve().parent
 

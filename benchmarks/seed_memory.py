@@ -16,7 +16,7 @@ import sys
 
 from specgen import defaults
 from specgen.draft import memory_file
-from specgen.engine import registry
+from specgen.engine.load import registry
 
 
 def main(model: str, traces: str) -> None:

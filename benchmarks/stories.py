@@ -17,12 +17,12 @@ from mlx_lm.generate import generate_step
 
 from specgen.cli.timing import Timed, alternate, spread
 from specgen.draft.drafter import make_drafter
-from specgen.draft.events import Step
-from specgen.engine import registry
-from specgen.engine.calibrate import model_costs
-from specgen.engine.curve_store import blas
-from specgen.engine.decode import generate
-from specgen.engine.mode import describe_curve
+from specgen.engine.cost.calibrate import model_costs
+from specgen.engine.cost.mode import describe_curve
+from specgen.engine.cost.store import blas
+from specgen.engine.decode.loop import generate
+from specgen.engine.load import registry
+from specgen.events import Step
 
 PROMPTS = [
     "Once upon a time",

@@ -35,7 +35,7 @@ import numpy as np
 
 import specgen
 from specgen.cli.timing import Timed, alternate, spread
-from specgen.engine.curve_store import blas
+from specgen.engine.cost.store import blas
 from specgen.structured import grammar as grammar_module
 from specgen.structured.formats import JSON_OPTIONS
 

@@ -10,18 +10,31 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx import nn
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from specgen.draft.events import Prefilled
-from specgen.engine import registry
-from specgen.engine.decode import generate
+from specgen.engine.decode.loop import generate
+from specgen.engine.load import registry
+from specgen.events import Prefilled
 
 DATA = Path(__file__).parent / "data"
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+# The shared models, tokenizers and traces sit beside the repository (SPECGEN_SHARED moves them:
+# pointed at an empty folder, every test that needs them skips).
+SHARED = Path(os.environ.get("SPECGEN_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct-4bit"
+
+
+def shared(relative: str) -> Path:
+    """A path under SHARED, or the test (or fixture) asking for it skipped, saying why."""
+    path = SHARED / relative
+    if not path.exists():
+        pytest.skip(f"{path} is absent: the shared models, tokenizers and traces sit beside the repository")
+    return path
+
+
 needs_smollm2 = pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")
 needs_tokenizers = pytest.mark.skipif(not (SHARED / "tokenizers" / "smollm2").is_dir(),
                                       reason="the shared tokenizers sit beside the repository")
@@ -78,7 +91,7 @@ def tiny_model(arch: str, seed: int = 0, **overrides):
 def isolated_cache(tmp_path_factory):
     """Calibration curves and memory files go to a temporary cache, shared by the session; batched
     step costs are timed for half a second, not BUDGET_S."""
-    from specgen.engine import batch_cost
+    from specgen.engine.cost import batch as batch_cost
 
     old = os.environ.get("SPECGEN_CACHE_DIR")
     os.environ["SPECGEN_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
@@ -144,7 +157,7 @@ def ScriptedModel(rule: dict[int, int], vocab: int = 16) -> TableModel:
 @pytest.fixture
 def quick_calibration(monkeypatch):
     """Calibration measuring for half a second, not BUDGET_S: for tests of what it does, not of the curve."""
-    from specgen.engine import calibrate
+    from specgen.engine.cost import calibrate
 
     monkeypatch.setattr(calibrate, "BUDGET_S", 0.5)
 
@@ -152,7 +165,7 @@ def quick_calibration(monkeypatch):
 @pytest.fixture(scope="session")
 def demo_engine():
     """The demo model's engine, its cost curve measured quickly (server tests are not about it)."""
-    from specgen.engine import calibrate
+    from specgen.engine.cost import calibrate
     from specgen.engine.engine import Engine
 
     with pytest.MonkeyPatch.context() as m:
@@ -206,12 +219,12 @@ def paced_engine(demo_engine):
 @pytest.fixture(scope="session")
 def smollm2_engine():
     """The shared SmolLM2 (4-bit, ChatML, 8K context), its cost curve measured quickly."""
-    from specgen.engine import calibrate
+    from specgen.engine.cost import calibrate
     from specgen.engine.engine import Engine
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(calibrate, "BUDGET_S", 0.5)
-        engine = Engine.load(str(SMOLLM2))
+        engine = Engine.load(str(shared("models/smollm2-135m-instruct-4bit")))
         engine.costs()
     return engine
 
@@ -252,11 +265,11 @@ def reciting_engine(folder: Path, messages: list[dict], tools: list[dict], said:
     tokenizer, saved in `folder`) by reciting `said`, then its end-of-turn token."""
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from specgen.engine import registry
     from specgen.engine.engine import Engine
+    from specgen.engine.load import registry
 
-    shutil.copy(SHARED / "tokenizers" / "smollm2" / "tokenizer.json", folder)
-    config = json.loads((SMOLLM2 / "tokenizer_config.json").read_text())
+    shutil.copy(shared("tokenizers/smollm2/tokenizer.json"), folder)
+    config = json.loads((shared("models/smollm2-135m-instruct-4bit") / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     tokenizer = load_tokenizer(folder)
     assert tokenizer.has_tool_calling
@@ -270,3 +283,52 @@ def tool_engine(tmp_path_factory):
     """A model that answers QUESTION with TOOLS by reciting SAID (a text and a get_weather call in
     the json_tools format)."""
     return reciting_engine(tmp_path_factory.mktemp("tools"), QUESTION, TOOLS, SAID)
+
+
+# A model steered round a cycle of tokens, and what its caches hold: for tests of every cache kind
+# (engine/decode/test_caches.py, engine/batch/test_batch_kinds.py).
+CYCLE = list(range(10, 26))  # the steering below makes the model mostly walk this cycle
+
+
+class Steered:
+    """A real forward pass, then `boost` added to the logit of the cycle's next token after each
+    token: the model mostly follows the cycle (drafts are accepted), but where its own logits win,
+    it leaves it (drafts are rejected). Its choices depend on the cache, so a wrong cache shows."""
+
+    def __init__(self, model, boost: float):
+        self.model, self.layers, self.boost = model, model.layers, boost
+        self.fed = 0  # positions through the model, all passes together
+        if hasattr(model, "make_cache"):  # what make_prompt_cache asks of hybrid models
+            self.make_cache = model.make_cache
+
+    def __call__(self, x, cache):
+        self.fed += x.shape[1]
+        logits = self.model(x, cache=cache)
+        t = x.astype(mx.int32)
+        nxt = CYCLE[0] + (t - CYCLE[0] + 1) % len(CYCLE)
+        hot = mx.arange(logits.shape[-1])[None, None, :] == nxt[..., None]
+        return logits + self.boost * hot
+
+
+def arrays(cache) -> list[np.ndarray]:
+    """What each layer's cache holds for the next token to read: a sliding window's newest
+    max_size - 1 entries in time order (its buffer's layout depends on how it was filled)."""
+    out = []
+    for c in cache:
+        if isinstance(c, RotatingKVCache):
+            out += [np.array(c._temporal_order(a))[..., -(c.max_size - 1):, :] for a in (c.keys, c.values)]
+            continue
+        state = c.state if isinstance(c.state, (list, tuple)) else [c.state]
+        out += [np.array(a) for a in state if isinstance(a, mx.array)]
+    return out
+
+
+def held(cache) -> list[np.ndarray]:
+    """`arrays`, with KV caches' buffers cut to the entries they hold (past them: stale data)."""
+    out = []
+    for c in cache:
+        if type(c).__name__ == "KVCache":
+            out += [np.array(a[..., : c.offset, :]) for a in (c.keys, c.values)]
+        else:
+            out += arrays([c])
+    return out

@@ -1,5 +1,5 @@
 """`batch_generate`: mlx_lm.batch_generate's signature and return type (a BatchResponse), run on
-specgen's batch engine (engine/batch.py): the prompts are decoded together, each speculating with
+specgen's batch engine (engine/batch/batch.py): the prompts are decoded together, each speculating with
 its own drafter, and each text is exactly what `specgen.generate` gives for that prompt alone.
 
 Models whose caches cannot batch by per-row ends (state-space, sliding-window, quantized caches)
@@ -18,17 +18,17 @@ from mlx_lm.generate_utils import BatchCounters, BatchCountersSnapshot
 
 from specgen import defaults
 from specgen.api.generate import _custom_selector, _notice, _prompt_ids, engine_for, stream_generate
-from specgen.draft.events import Failed
-from specgen.engine.batch_probe import batch_unsupported
-from specgen.engine.batch_streams import Streams
-from specgen.engine.decode import PREFILL_CHUNK
+from specgen.engine.batch.probe import batch_unsupported
+from specgen.engine.batch.streams import Streams
+from specgen.engine.decode.loop import PREFILL_CHUNK
+from specgen.engine.decode.sampling import CUSTOM_OFF
 from specgen.engine.engine import Request
 from specgen.engine.options import Options
-from specgen.engine.sampling import CUSTOM_OFF
 from specgen.errors import SettingError
+from specgen.events import Failed
+from specgen.settings import check
 from specgen.structured.formats import parse as parse_format
 from specgen.structured.grammar import GrammarFailed
-from specgen.settings import check
 
 _log = logging.getLogger("specgen")
 # mlx_lm.batch_generate's arguments that specgen does not offer (it would ignore them).

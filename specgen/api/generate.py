@@ -18,10 +18,10 @@ from dataclasses import fields
 from typing import Iterator, Sequence
 
 from specgen import defaults
-from specgen.engine import registry
+from specgen.engine.decode.sampling import CUSTOM_OFF, MlxLmSampling
 from specgen.engine.engine import Engine, Request, Response
+from specgen.engine.load import registry
 from specgen.engine.options import Options
-from specgen.engine.sampling import CUSTOM_OFF, MlxLmSampling
 from specgen.errors import SettingError, SpecgenError
 from specgen.structured.formats import parse as parse_format
 

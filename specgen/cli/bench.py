@@ -18,14 +18,14 @@ from typing import Callable
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from specgen.api.batch_file import Prompt, conversation, prompt_rows
+from specgen.api.prompts_file.items import Prompt, conversation, prompt_rows
 from specgen.cli.timing import Timed, alternate, spread
-from specgen.draft.events import Step
 from specgen.draft.simulate import Tally, replay
-from specgen.draft.stats import Counts
-from specgen.engine.decode import generate
-from specgen.engine.sampling import GREEDY, Selector
+from specgen.engine.decode.loop import generate
+from specgen.engine.decode.sampling import GREEDY, Selector
 from specgen.errors import InputError
+from specgen.events import Step
+from specgen.stats import Counts
 
 _STORY = "Lily had a red ball. She liked to throw the ball to her dog, Max. Max ran fast and " \
          "brought the ball back to her. Lily laughed and said, \"Good dog, Max!\""
@@ -70,7 +70,7 @@ def builtin_sets(chat: bool) -> dict[str, list[Prompt]]:
 
 def read_prompt_file(path: str) -> dict[str, list[Prompt]]:
     """Prompts from a file, a line each: plain text, or (a line that starts with '{') a JSON object,
-    batch_file.conversation's row with an optional "set"; InputError at a bad line."""
+    prompts_file.items.conversation's row with an optional "set"; InputError at a bad line."""
     sets: dict[str, list[Prompt]] = {}
     for n, row, reason in prompt_rows(path):
         try:

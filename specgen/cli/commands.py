@@ -27,7 +27,7 @@ from specgen.cli.kit import (
     usage,
     user_models_file,
 )
-from specgen.engine import registry
+from specgen.engine.load import registry
 from specgen.errors import SettingError
 from specgen.serve import config as serve_config
 from specgen.settings import check
@@ -95,9 +95,9 @@ def run(
     from specgen.cli.display import TextView
     from specgen.cli.prompts import read_file, read_format, read_prompt
     from specgen.cli.report import summary
-    from specgen.draft.stats import RunStats
     from specgen.engine.engine import Engine, Request
     from specgen.engine.options import Options
+    from specgen.stats import RunStats
 
     group = launch_group(prompt, file, memory)  # under mlx.launch: every rank runs this, rank 0 speaks
     say = Notices(quiet)
@@ -121,7 +121,7 @@ def run(
     if batch and group is not None:
         fail("--prompts is not supported under mlx.launch yet: run one prompt per launch")
     if batch:
-        from specgen.api.batch_results import check_output
+        from specgen.api.prompts_file.results import check_output
 
         check_output(prompts, output)  # run_batch checks too; here, before a slow load
     if temp > 0 and seed is None:  # every rank must sample with rank 0's seed
@@ -138,7 +138,7 @@ def run(
     if draft is None:
         engine.costs(recalibrate)  # once, before any prompt
     if batch:
-        from specgen.api.batch_run import run_batch
+        from specgen.api.prompts_file.run import run_batch
 
         raise typer.Exit(run_batch(engine, opts, prompts, output, raw=raw, system=system, say=say,
                                    batch=defaults.BATCH if batch_rows is None else batch_rows))

@@ -14,7 +14,7 @@ import traceback
 import click
 import typer
 
-from specgen.engine import registry
+from specgen.engine.load import registry
 from specgen.errors import SettingError, SpecgenError
 
 # One rule: 2 when the command line itself is wrong (an unknown flag, a flag's value of the wrong
@@ -137,7 +137,7 @@ def listenable(host: str) -> None:
 def launch_group(prompt: str | None, file: str | None, memory: bool):
     """The mlx.launch group this process runs in (None when not launched, or alone); ranks other
     than 0 print nothing (rank 0 speaks for the group). What cannot be used under it fails here."""
-    from specgen.engine.distributed import world
+    from specgen.engine.load.distributed import world
 
     w = world()
     if w is not None and w.rank != 0:
@@ -156,7 +156,7 @@ def shared_ints(w, make) -> list[int]:
     `make` on rank 0 ends every rank (rank 0 reports it)."""
     if w is None:
         return make()
-    from specgen.engine.distributed import share_ints
+    from specgen.engine.load.distributed import share_ints
 
     made, error = None, None
     if w.rank == 0:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specgen.draft.stats import RunStats
-from specgen.engine.mode import queued_ahead
+from specgen.engine.cost.mode import queued_ahead
+from specgen.stats import RunStats
 
 
 def status_line(stats: RunStats) -> str:

@@ -1,4 +1,4 @@
-"""The `simulate`, `bench` and `cache` commands (registered by cli/commands.py): wiring only."""
+"""The `simulate`, `bench` and `cache` commands (registered by commands.py): wiring only."""
 
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ def simulate(
     from specgen.draft.memory import NGramMemory
     from specgen.draft.simulate import simulate_file
     from specgen.draft.traces import read_traces
-    from specgen.engine.cost import drafting_cost
-    from specgen.engine.mode import DraftMode
-    from specgen.engine.registry import tokenizer_for
+    from specgen.engine.cost.curve import drafting_cost
+    from specgen.engine.cost.mode import DraftMode
+    from specgen.engine.load.registry import tokenizer_for
 
     check(draft=draft, ngram_order=ngram_order, window=window, beta=beta, queue_after=pipeline_after,
           overlap=overlap)
@@ -94,8 +94,8 @@ def bench(
     from specgen.cli.bench import builtin_sets, read_prompt_file, replayer, run_set
     from specgen.cli.report import bench_table
     from specgen.draft.drafter import make_drafter
-    from specgen.engine.curve_store import blas
-    from specgen.engine.mode import DraftMode
+    from specgen.engine.cost.mode import DraftMode
+    from specgen.engine.cost.store import blas
     from specgen.engine.prompts import encode_prompt
 
     group = launch_group(None, None, memory)  # under mlx.launch: every rank runs this, rank 0 speaks
@@ -165,8 +165,8 @@ def cache_list(ctx: typer.Context,
     if ctx.invoked_subcommand is not None:
         return
     from specgen.draft import memory_file
-    from specgen.draft.store import cache_dir
-    from specgen.engine.curve_store import calibration_file, stored_curves
+    from specgen.engine.cost.store import calibration_file, stored_curves
+    from specgen.store import cache_dir
 
     memories = memory_file.stored()
     curves = stored_curves()
@@ -204,8 +204,8 @@ def cache_clear(
     from pathlib import Path
 
     from specgen.draft import memory_file
-    from specgen.engine import registry
-    from specgen.engine.curve_store import forget_curves
+    from specgen.engine.cost.store import forget_curves
+    from specgen.engine.load import registry
 
     if (model is None) == (not all_models):
         usage("say whose entries to clear: -m MODEL or --all (one of the two)")

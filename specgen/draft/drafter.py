@@ -31,7 +31,6 @@ from specgen.draft.acceptance import (
 )
 from specgen.draft.candidates import HAZARD_KINDS, Draft, candidates
 from specgen.draft.copies import Copies
-from specgen.draft.events import Ahead, PredictionCounts, Verdict
 from specgen.draft.guess import NGramGuesser
 from specgen.draft.length import CostFn, choose_length, cost_table, linear_cost
 from specgen.draft.ngram import NGramTables, context_keys, keys_along
@@ -39,6 +38,7 @@ from specgen.draft.params import PARAMS, DrafterParams
 from specgen.draft.prediction import Prediction, checked
 from specgen.draft.predictor import BATCH_HASH
 from specgen.errors import SettingError
+from specgen.events import Ahead, PredictionCounts, Verdict
 from specgen.settings import check
 
 

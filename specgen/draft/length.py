@@ -2,7 +2,7 @@
 
 `cost(k)` is the relative cost of a verify step that drafts k tokens (k + 1 positions), one plain
 step being cost(0) = 1 (calibrate measures it; `linear_cost` is simulate's model of it). On caches
-restored rather than trimmed after a rejection (rollback.py), a draft rejected at its i-th token
+restored rather than trimmed after a rejection (engine/decode/rollback.py), a draft rejected at its i-th token
 also widens the next pass by i positions (the re-fed ones): a `Refeed` cost says what that adds,
 and the rule charges it weighted by the chance of a rejection there.
 """

@@ -21,7 +21,7 @@ import numpy as np
 
 from specgen.draft.acceptance import Judged
 from specgen.draft.memory import NGramMemory
-from specgen.draft.store import CACHE_ENV, cache_dir, locked, write_atomic
+from specgen.store import CACHE_ENV, cache_dir, locked, write_atomic
 
 FORMAT, VERSION = "specgen-memory", 1
 

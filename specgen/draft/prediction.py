@@ -16,10 +16,10 @@ from typing import NamedTuple, Sequence
 
 from specgen.draft.acceptance import Evidence
 from specgen.draft.copies import CopyIndex, CopySource, longest_match
-from specgen.draft.events import PredictionCounts
 from specgen.draft.ngram import keys_along
 from specgen.draft.params import DrafterParams
 from specgen.errors import SettingError
+from specgen.events import PredictionCounts
 
 PREDICTED, PREDICTED_REALIGN = "predicted", "predicted realign"  # CopySource.how of its copies
 

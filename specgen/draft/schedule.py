@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from specgen.draft.events import Ahead, Drafter
+from specgen.events import Ahead, Drafter
 
 
 class Behind(NamedTuple):

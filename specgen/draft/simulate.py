@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from specgen import defaults
-from specgen.draft.events import Drafter, Verdict
 from specgen.draft.length import CostFn, linear_cost
 from specgen.draft.schedule import Schedule
-from specgen.draft.stats import Counts, ratio
 from specgen.draft.traces import Trace
+from specgen.events import Drafter, Verdict
+from specgen.stats import Counts, ratio
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 `Engine` owns one model (weights, tokenizer, stop tokens, context length), its measured verify
 cost (measured at most once per engine, before the first request that drafts) and its memory of
-earlier outputs. `Engine.plan` makes a request's Sequence (sequence.py), the one set of rules
+earlier outputs. `Engine.plan` makes a request's Sequence (decode/sequence.py), the one set of rules
 every loop runs it by; `Engine.stream(Request)` runs decode.generate on it and turns
 its steps into one `Response` per token (responder.py): mlx-lm's GenerationResponse, with
-specgen's running `stats`; the batch engine (batch_streams.py) uses the same plan and responses. The CLI,
+specgen's running `stats`; the batch engine (batch/streams.py) uses the same plan and responses. The CLI,
 batch runs, the Python API (api/generate.py) and the server all call it, so they cannot disagree on
 defaults, stop tokens or drafting.
 
@@ -24,17 +24,18 @@ from typing import Sequence as Ids
 
 from specgen import defaults
 from specgen.draft.drafter import AdaptiveDrafter, make_drafter
-from specgen.draft.stats import RunStats
-from specgen.engine import decode, registry
-from specgen.engine.constrain import Constraint
-from specgen.engine.cost import StepPrices
-from specgen.engine.mode import DraftMode
+from specgen.engine.cost.curve import StepPrices
+from specgen.engine.cost.mode import DraftMode
+from specgen.engine.decode import loop as decode
+from specgen.engine.decode.constrain import Constraint
+from specgen.engine.decode.sampling import MlxLmSampling, Selector, make_selector
+from specgen.engine.decode.sequence import Sequence
+from specgen.engine.load import registry
 from specgen.engine.options import Options
 from specgen.engine.prompts import check_fits, encode_prompt, text_chars
 from specgen.engine.responder import Responder, Response
-from specgen.engine.sampling import MlxLmSampling, Selector, make_selector
-from specgen.engine.sequence import Sequence
 from specgen.errors import SettingError
+from specgen.stats import RunStats
 from specgen.structured.grammar import Grammars
 
 _log = logging.getLogger("specgen")
@@ -135,7 +136,7 @@ class Engine:
     def costs(self, recalibrate: bool = False):
         """The model's verify cost on this machine (calibrate.model_costs), measured at most once."""
         if self._costs is None or recalibrate:
-            from specgen.engine.calibrate import model_costs
+            from specgen.engine.cost.calibrate import model_costs
 
             found = model_costs(self.loaded.model, self.loaded.calibration_key, self.loaded.tokenizer,
                                 recalibrate=recalibrate, world=self.world,

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.generate import GenerationResponse
 
-from specgen.draft.events import Prefilled, Step
-from specgen.draft.stats import RunStats
 from specgen.engine.stops import StopText
+from specgen.events import Prefilled, Step
+from specgen.stats import RunStats
 
 
 @dataclass

@@ -1,14 +1,14 @@
 """`specgen serve`: an HTTP server over one engine, speculating as `run` does, for OpenAI's chat and
 text completions, Anthropic's Messages (Claude Code) and OpenAI's Responses (Codex).
 
-FastAPI + uvicorn (the `serve` extra). app.py holds the routes; schema.py, anthropic.py and
-responses.py check each API's requests and make chat messages of them; prompting.py turns those
-into token ids and output text into message parts; turn.py is the one path from ids to an answer
-(a job on the one generation thread and queue: batch_worker.py's, decoding up to --max-batch
-requests together where the model's caches batch, else worker.py's, one at a time), shaped by
-chat_stream.py, anthropic_stream.py or responses_stream.py; cache.py is what the worker keeps
-across requests, config.py the settings, limits.py the body-size limit, protocol.py the HTTP
-protocol (and its limit on a request's head). Generation itself is the engine's: one way through.
+FastAPI + uvicorn (the `serve` extra). The HTTP shell: app.py (the routes), config.py (the
+settings), limits.py (the body-size limit), protocol.py (the HTTP protocol and its limit on a
+request's head). What every API shares: schema.py (request checks, errors) and prompting.py
+(requests to token ids, output text to message parts). apis/: each API's request, response and
+stream shapes. generation/: the one generation thread and its queue (worker.py one at a time,
+batch_worker.py decoding up to --max-batch requests together where the model's caches batch),
+turn.py the one path from ids to an answer, cache.py what is kept across requests. Generation
+itself is the engine's: one way through.
 """
 
 from __future__ import annotations

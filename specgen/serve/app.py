@@ -1,10 +1,10 @@
 """The HTTP routes: OpenAI's chat and text completions, Anthropic's Messages (Claude Code), OpenAI's
 Responses (Codex), models and health.
 
-Every generating route does the same four things: check its body (schema.py, anthropic.py,
-responses.py), make the prompt's token ids through the chat template (prompting.py) off the event
-loop, queue a Turn on the one worker (turn.py) and answer through its API's Builder
-(chat_stream.py, anthropic_stream.py, responses_stream.py), whole or streamed. So all of them
+Every generating route does the same four things: check its body (schema.py, apis/anthropic.py,
+apis/responses.py), make the prompt's token ids through the chat template (prompting.py) off the event
+loop, queue a Turn on the one worker (generation/turn.py) and answer through its API's Builder
+(apis/chat_stream.py, apis/anthropic_stream.py, apis/responses_stream.py), whole or streamed. So all of them
 share the engine, its speculation, the queue and its limits, the prompt cache and kept drafters
 across turns, cancellation when a client leaves. Errors are each API's own shape, chosen by the
 path (Anthropic's under /v1/messages, OpenAI's elsewhere): 400 for what a request says, 401
@@ -29,23 +29,23 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from specgen.engine.batch_probe import batch_unsupported
+from specgen.engine.batch.probe import batch_unsupported
 from specgen.engine.engine import Engine
-from specgen.serve import anthropic
-from specgen.serve.anthropic import CountRequest, MessagesRequest
-from specgen.serve.anthropic_stream import MessageBuilder
-from specgen.serve.batch_worker import BatchWorker
-from specgen.serve.chat import ChatRequest, CompletionRequest
-from specgen.serve.chat_stream import ChatBuilder
+from specgen.serve.apis import anthropic
+from specgen.serve.apis.anthropic import CountRequest, MessagesRequest
+from specgen.serve.apis.anthropic_stream import MessageBuilder
+from specgen.serve.apis.chat import ChatRequest, CompletionRequest
+from specgen.serve.apis.chat_stream import ChatBuilder
+from specgen.serve.apis.responses import ResponsesRequest
+from specgen.serve.apis.responses_stream import ResponseBuilder
+from specgen.serve.apis.structured import constrained
 from specgen.serve.config import ServeConfig
+from specgen.serve.generation.batch_worker import BatchWorker
+from specgen.serve.generation.turn import Builder, Turn, respond
+from specgen.serve.generation.worker import Worker
 from specgen.serve.limits import BodyLimit
 from specgen.serve.prompting import Splitter, agent_ids, chat_ids, completion_ids, fits
-from specgen.serve.responses import ResponsesRequest
-from specgen.serve.responses_stream import ResponseBuilder
 from specgen.serve.schema import ApiError, Generation, validation_error
-from specgen.serve.structured import constrained
-from specgen.serve.turn import Builder, Turn, respond
-from specgen.serve.worker import Worker
 
 _log = logging.getLogger("specgen.serve")
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait

@@ -5,7 +5,7 @@ wrapper, as mlx_lm.server does), whichever API they came from; completions are e
 encodes a prompt. Generated text is split by mlx-lm's TextStateMachine into content, reasoning and
 tool-call text, and tool calls are parsed by the model's mlx-lm tool parser: nothing of this is
 written again here. A model whose tool-calling format mlx-lm does not know calls tools in
-generic_tools.py's format.
+apis/tools.py's format.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from specgen.engine.engine import Engine
 from specgen.engine.prompts import text_chars
 from specgen.errors import SpecgenError
-from specgen.serve import generic_tools
-from specgen.serve.chat import ChatRequest, CompletionRequest
+from specgen.serve.apis import tools as tool_format
+from specgen.serve.apis.chat import ChatRequest, CompletionRequest
 from specgen.serve.schema import bad
 
 _log = logging.getLogger("specgen.serve")
@@ -66,7 +66,7 @@ def template_ids(engine: Engine, messages: list[dict], tools: list[dict] | None,
 def agent_ids(engine: Engine, messages: list[dict], tools: list[dict] | None,
               continue_last: bool = True) -> tuple[list[int], list[dict] | None]:
     """(ids, tools) of a conversation, not checked against the context: a chat model with no
-    tool-calling format mlx-lm knows gets the tools in its system message (generic_tools.py); a
+    tool-calling format mlx-lm knows gets the tools in its system message (apis/tools.py); a
     model with no chat template gets none and answers in text (logged once: agents send their
     tools with every request). A trailing assistant message is continued (`continue_last`: as
     Messages and Responses do; chat completions answer after it, as mlx_lm.server does)."""
@@ -74,7 +74,7 @@ def agent_ids(engine: Engine, messages: list[dict], tools: list[dict] | None,
         _without_tools(engine.name)
         tools = None
     if tools and not can_call(engine):
-        return template_ids(engine, generic_tools.described(messages, tools), None, continue_last), tools
+        return template_ids(engine, tool_format.described(messages, tools), None, continue_last), tools
     return template_ids(engine, messages, tools, continue_last), tools
 
 
@@ -131,7 +131,7 @@ class Splitter:
     parallel_tool_calls false, disable_parallel_tool_use) only the first call is kept: a model
     cannot be made to write just one, so the calls after it are dropped. A model with no format of
     its own (`generic`) writes text (or a response_format's JSON), streamed once it cannot be a
-    call, or one JSON call (generic_tools.py), held until it is complete."""
+    call, or one JSON call (apis/tools.py), held until it is complete."""
 
     def __init__(self, engine: Engine, prompt: list[int], tools: list[dict] | None, *,
                  one_call: bool = False):
@@ -179,13 +179,13 @@ class Splitter:
             return Parts(text)
         self.held += text
         said = self.held.lstrip()
-        if said and not (generic_tools.OPENING.startswith(said) or said.startswith(generic_tools.OPENING)):
+        if said and not (tool_format.OPENING.startswith(said) or said.startswith(tool_format.OPENING)):
             text, self.held = self.held, None  # no call (text, or a response_format's JSON): stream it
             return Parts(text)
         if not last:
             return Parts()
         text, self.held = self.held, None
-        call = generic_tools.parse_call(text)
+        call = tool_format.parse_call(text)
         return Parts(text) if call is None else Parts(tool_calls=(self._record(call),))
 
     def _call(self, calls: list[dict], content: str) -> tuple[list[dict], str]:

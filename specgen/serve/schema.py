@@ -1,7 +1,7 @@
 """What every API's request is checked by, before a model is touched (no mlx here).
 
-The three APIs' schemas (chat.py: OpenAI's chat and text completions; anthropic.py: Messages;
-responses.py: Responses) are built of these: `ApiError`, the one error type the routes turn into
+The three APIs' schemas (apis/chat.py: OpenAI's chat and text completions; apis/anthropic.py: Messages;
+apis/responses.py: Responses) are built of these: `ApiError`, the one error type the routes turn into
 each API's error shape, and `bad`, a 400 naming a field; `Strict` models, as strict as OpenAI's
 (`"stream": "yes"` or a field nobody defines is a 400) and `Lenient` ones, as strict about what
 they define but silent about the rest, as the agent APIs are; `tagged` unions chosen by a `type`

@@ -18,7 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 import specgen
-from specgen.engine import registry
+from specgen.engine.load import registry
 from specgen.errors import SettingError
 
 PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"

@@ -13,8 +13,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 import specgen
 from specgen import SpecgenWarning, batch_generate
-from specgen.engine import batch_cost, calibrate
-from specgen.engine.batch_streams import Streams
+from specgen.engine.batch.streams import Streams
+from specgen.engine.cost import batch as batch_cost
+from specgen.engine.cost import calibrate
 from specgen.errors import SettingError
 
 PROMPTS = ["Once upon a time, there was a little girl named Lily. She loved to play outside. Lily",

@@ -14,9 +14,8 @@ from typer.testing import CliRunner
 
 from specgen.cli.commands import app
 from specgen.draft import memory_file
-from specgen.engine import registry
+from specgen.engine.load import registry
 
-# These test what the commands do around calibration, not the curve: measure briefly.
 pytestmark = pytest.mark.usefixtures("quick_calibration")
 
 runner = CliRunner()
@@ -120,7 +119,7 @@ def without_dac_override(args: list[str], cache: Path) -> subprocess.CompletedPr
     setpriv = shutil.which("setpriv")
     assert setpriv, "running this case as root needs util-linux's setpriv"
     caps = "-dac_override,-dac_read_search,-fowner"
-    code = ("from specgen.engine import calibrate; calibrate.BUDGET_S = 0.5; "
+    code = ("from specgen.engine.cost import calibrate; calibrate.BUDGET_S = 0.5; "
             "from specgen.cli.commands import main; main()")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPECGEN_MODEL": "demo", "SPECGEN_CACHE_DIR": str(cache)}
     return subprocess.run([setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}", sys.executable, "-c",

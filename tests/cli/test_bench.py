@@ -70,7 +70,7 @@ def test_bench_with_memory_drafts_from_it_and_leaves_it_unchanged(tmp_path, monk
     # (a CPU loaded by the tests beside this one can calibrate verifying as too dear to draft at
     # all, 1.0 tokens a step: this is about the memory, so passes cost what a GPU's do)
     flat = {1: 1.0, 2: 1.02, 4: 1.05, 8: 1.1, 16: 1.2, 32: 1.4, 64: 1.8}
-    monkeypatch.setattr("specgen.engine.calibrate.measure",
+    monkeypatch.setattr("specgen.engine.cost.calibrate.measure",
                         lambda model, sample, sizes=tuple(flat), **kw: {k: flat.get(k, 1.0) * 0.01 for k in sizes})
     env = {"SPECGEN_CACHE_DIR": str(tmp_path), "SPECGEN_MODEL": "demo"}
     prompts = tmp_path / "p.txt"

@@ -11,9 +11,8 @@ from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
 from specgen.cli.commands import app
-from specgen.engine import registry
+from specgen.engine.load import registry
 
-# These test what the commands do around calibration, not the curve: measure briefly.
 pytestmark = pytest.mark.usefixtures("quick_calibration")
 
 runner = CliRunner()
@@ -154,7 +153,7 @@ def test_models_lists_the_packaged_aliases(tmp_path):
 
 
 def test_ctrl_c_prints_partial_text_and_stats_and_exits_130(monkeypatch):
-    import specgen.engine.decode as decode
+    import specgen.engine.decode.loop as decode
 
     real = decode.generate
 

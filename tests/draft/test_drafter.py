@@ -5,12 +5,12 @@ import random
 import pytest
 
 from specgen.draft.drafter import AdaptiveDrafter, make_drafter
-from specgen.draft.events import Verdict
 from specgen.draft.length import linear_cost
 from specgen.draft.memory import NGramMemory
 from specgen.draft.predictor import NGramPredictor
 from specgen.draft.simulate import replay
 from specgen.errors import SettingError
+from specgen.events import Verdict
 
 
 def test_copies_long_spans_and_skips_novel_text():

@@ -46,7 +46,7 @@ def test_stopping_early_never_changes_the_choice(curve):
     # is pulled, and the choice must be the same on every sequence of chances.
     import random
 
-    from specgen.engine.cost import cost_function
+    from specgen.engine.cost.curve import cost_function
 
     cost = cost_function(curve)
     rng = random.Random(7)

@@ -7,7 +7,7 @@ import pytest
 from specgen.draft.drafter import AdaptiveDrafter, make_drafter
 from specgen.draft.length import linear_cost
 from specgen.draft.simulate import replay
-from specgen.engine.registry import tokenizer_for
+from specgen.engine.load.registry import tokenizer_for
 from specgen.errors import SettingError
 
 encode = tokenizer_for("demo")  # the bundled stories260K tokenizer

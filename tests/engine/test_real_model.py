@@ -9,8 +9,8 @@ import pytest
 from conftest import needs_smollm2, plain_tokens, run
 
 from specgen.draft.drafter import make_drafter
+from specgen.engine.decode.sampling import make_selector
 from specgen.engine.prompts import encode_prompt
-from specgen.engine.sampling import make_selector
 
 pytestmark = needs_smollm2
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 from servers import client, running
 
-from specgen.engine.batch_streams import Streams
+from specgen.engine.batch.streams import Streams
 from specgen.engine.engine import Request
 from specgen.engine.options import Options
 
@@ -227,7 +227,7 @@ def _free_port() -> int:
 def test_the_command_serves_and_stops_cleanly_on_sigterm_saving_its_memory(tmp_path):
     port = _free_port()
     env = {**os.environ, "SPECGEN_CACHE_DIR": str(tmp_path)}
-    from specgen.engine.registry import bundled_path
+    from specgen.engine.load.registry import bundled_path
 
     folder = bundled_path("stories260K")  # served by its path: listed by the folder's name
     proc = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "-m", str(folder), "--port", str(port),
@@ -292,7 +292,7 @@ def test_a_temperature_of_nan_is_named_as_not_a_number_and_top_p_0_is_greedy(ser
 def test_a_dropped_long_prompt_stops_within_a_prefill_chunk(paced_engine, demo_engine, monkeypatch):
     # Its prefill went on to the end after its client left (cancel was checked only once it was
     # done), and a small request behind it waited for all of it.
-    from specgen.engine import decode
+    from specgen.engine.decode import loop as decode
 
     monkeypatch.setattr(decode, "PREFILL_CHUNK", 32)  # 0.32 s of the paced model's prefill
     long_prompt = "Once upon a time there was a little dog. " * 40  # ~400 tokens: 4 s of prefill

@@ -1,0 +1,327 @@
+"""Continuous batching with per-sequence speculation: many sequences, one forward pass a step.
+
+`Batch` holds the active rows (each a Sequence, decode/sequence.py: its own drafter, draft length,
+selector and seed, stop rules and grammar; and its place in a ragged cache, cache.py) and
+the waiting ones. Each `step` prefills up
+to one chunk's worth of prompt tokens (a piece of a long prompt, or several whole short ones, each
+on a cache of its own; a prompt joins the batch when done, so a long one does not freeze the
+running rows), then runs ONE forward pass over every active row's last token plus its draft,
+rows padded to the widest, and judges each row by its sequence's rules, as decode.generate does:
+a row emits the longest accepted prefix of its draft plus the model's next token, and keeps just
+those entries.
+Rows join and leave between steps. Where every row feeds one token, the next pass is queued
+behind the one in flight before it is read (`Pass`), as mlx-lm's BatchGenerator queues.
+
+Events are decode.generate's (`Prefilled`, then one `Step` per pass), tagged with the row's key,
+so a row's events read as a single-sequence run's; a row whose grammar gives up ends with `Failed`
+(where decode.generate raises) and leaves alone. The emitted tokens are what plain decoding
+with the row's selector emits: where a batched row is near-tied (decode/sampling.py), that position is
+recomputed by a one-position pass over the row's own entries, as decode/loop.py does.
+
+One idea, kept whole past 300 lines: the step, and the pass it keeps in flight (`Pass`,
+`verdicts`), are read together.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Hashable, Iterator
+from typing import Sequence as Ids
+
+import mlx.core as mx
+from mlx_lm.generate import generation_stream
+from mlx_lm.generate_utils import BatchCounters
+from mlx_lm.models.cache import make_prompt_cache
+
+from specgen import defaults
+from specgen.engine.batch.cache import RaggedBatch
+from specgen.engine.batch.probe import probe
+from specgen.engine.batch.row import Row
+from specgen.engine.cost.batch import Pricing, drafts_coming, step_drafts
+from specgen.engine.decode.eager import eager
+from specgen.engine.decode.loop import PREFILL_CHUNK
+from specgen.engine.decode.sampling import GREEDY, read_all
+from specgen.engine.decode.sequence import Sequence, as_sequence
+from specgen.errors import InputError
+from specgen.events import Failed, Prefilled, Step
+from specgen.settings import check
+
+Event = tuple[Hashable, "Prefilled | Step | Failed"]
+PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
+
+
+@dataclass
+class Pass:
+    """A batched forward pass on the device, not read yet: its rows (in the order of its verdict's
+    columns), their drafts and tokens fed again, its logits and lazy verdict. A `plain` pass
+    (every row one token) is committed when launched; `queued`: launched behind another;
+    `dropped`: rows whose entry was taken back (they sit it out)."""
+
+    rows: list[Row]
+    drafts: list[list[int]]
+    again: list[int]
+    width: int
+    logits: mx.array
+    verdict: mx.array
+    queued: bool = False
+    dropped: set[int] = field(default_factory=set)
+
+    @property
+    def plain(self) -> bool:
+        return self.width == 1
+
+    def column(self, row: Row) -> int | None:
+        """`row`'s column in this pass, unless it has none or sits it out (`dropped`)."""
+        i = next((i for i, r in enumerate(self.rows) if r is row), None)
+        return None if i in self.dropped else i
+
+
+def verdicts(logits: mx.array, rows: list[Row], spans: list[tuple[int, int]], ahead: int = 0) -> mx.array:
+    """Every row's lazy verdict (row.seq.verdict) on its `spans` (first position, count) of a pass's
+    logits, concatenated in `rows`' order. Greedy rows' in one set of reductions over the whole
+    pass and one gather: a set per row cost ~15% of a plain step of 4 rows on the CPU proxy
+    (MLX's CPU stream runs each small op as a task of its own)."""
+    if all(r.seq.selector is GREEDY for r in rows):
+        width = logits.shape[1]
+        every = GREEDY.verdict(logits.reshape(-1, logits.shape[-1]), 0)
+        at = [r.place * width + a + j for r, (a, n) in zip(rows, spans) for j in range(n)]
+        return every[:, mx.array(at, mx.int32)]
+    return mx.concatenate([r.seq.verdict(logits[r.place, a : a + n], ahead)
+                           for r, (a, n) in zip(rows, spans)], axis=1)
+
+
+class Batch:
+    """The active and waiting sequences of one model (not thread-safe: one thread steps it)."""
+
+    def __init__(self, model, *, max_rows: int = defaults.MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
+                 pricing: Pricing | None = None):
+        probed = probe(model)  # once per model, not per batch
+        if probed.why:
+            raise InputError(f"this model cannot run in a batch: {probed.why}")
+        check(batch=max_rows, prefill_chunk=prefill_chunk)
+        self.model, self.max_rows, self.prefill_chunk = model, max_rows, prefill_chunk
+        self.pricing = pricing  # what steps cost by rows (None: drafters keep their own cost)
+        self.rows: list[Row] = []  # the active ones, each at its `place` in the ragged cache
+        self.kept: dict[Hashable, list] = {}  # finished rows' own caches (add's keep_cache)
+        self.waiting: list[Row] = []
+        self.cache = RaggedBatch(probed.layers)
+        self.rollback = probed.rollback  # as a row alone says it rolls back
+        self.queued: Pass | None = None  # a plain pass queued behind the last one, not read yet
+        self.wasted = 0  # queued passes never read: every row had left (as mlx-lm's last step)
+        self.counters = BatchCounters()  # mlx-lm's: prompt and decode tokens, steps and seconds
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.rows or self.waiting)
+
+    def add(self, key: Hashable, prompt: Ids[int] | Sequence, *, prompt_cache: list | None = None,
+            cached: int = 0, keep_cache: bool = False, **settings) -> None:
+        """Queue a sequence; it joins once prefilled. `prompt` is a Sequence, or token ids with a
+        Sequence's settings as keywords, as decode.generate takes them (a `prompt_cache` is one of
+        the model's own, holding the first `cached` prompt tokens). With `keep_cache`, once it
+        finishes (or is cancelled after joining) `kept[key]` is a cache of its own holding its
+        prompt and output but the last token (as decode.generate leaves its cache, closed early
+        or not)."""
+        seq = as_sequence(prompt, settings)
+        seq.check_cached(cached)
+        if prompt_cache is None and cached:
+            raise ValueError("cached must be 0 without a prompt_cache")
+        if any(r.key == key for r in self.rows + self.waiting):
+            raise ValueError(f"key {key!r} is already in the batch")
+        seq.start(self.rollback)
+        cache = prompt_cache if prompt_cache is not None else make_prompt_cache(self.model)
+        self.waiting.append(Row(key, seq, cache, prefilled=cached, keep_cache=keep_cache))
+
+    def cancel(self, key: Hashable) -> bool:
+        """Drop a sequence, waiting or active; whether it was there. The others go on unchanged.
+        An active one added with `keep_cache` leaves its cache in `kept`, as if it had finished."""
+        for i, r in enumerate(self.rows):
+            if r.key == key:
+                self._leave({i})
+                return True
+        n = len(self.waiting)
+        self.waiting = [r for r in self.waiting if r.key != key]
+        return len(self.waiting) < n
+
+    def run(self) -> Iterator[list[Event]]:
+        """Step until every sequence has finished: each item is one step's events."""
+        while self.busy:
+            yield self.step()
+
+    def step(self) -> list[Event]:
+        """Prefill up to a chunk of waiting prompts (while rows are free), then one decode pass."""
+        events: list[Event] = []
+        with mx.stream(generation_stream):
+            if self.waiting and len(self.rows) < self.max_rows and self.queued is None:
+                events += self._prefill()  # (joining while a pass is queued waits one step)
+            if self.rows:
+                events += self._decode()
+        return events
+
+    def _prefill(self) -> list[Event]:
+        """Prefill up to one chunk's worth of tokens: a chunk of the first waiting prompt, then
+        whole prompts that fit in what is left (many short requests join in one step; a long one
+        is cut where it would be alone, so its cache holds what a single run's would)."""
+        for r in self.waiting:
+            r.waited += 1
+        events, budget, joined = [], self.prefill_chunk, []
+        while self.waiting and len(self.rows) < self.max_rows:
+            # The prompt with the least left goes first, so a short request is not stuck behind
+            # a long one, each step waited counting as a chunk done, so a long one is not
+            # starved by a stream of short ones.
+            row = min(self.waiting,
+                      key=lambda r: len(r.seq.prompt) - r.prefilled - r.waited * self.prefill_chunk)
+            left = len(row.seq.prompt) - 1 - row.prefilled
+            if budget < self.prefill_chunk and left > budget:
+                break
+            if left:
+                n = min(left, budget)
+                start = time.perf_counter()
+                piece = row.seq.prompt[row.prefilled : row.prefilled + n]
+                self.model(mx.array([piece], mx.uint32), cache=row.cache)
+                mx.eval([c.state for c in row.cache])
+                self.counters.prompt_time += time.perf_counter() - start
+                self.counters.prompt_tokens += n
+                row.prefilled += n
+                budget -= n
+            if row.prefilled < len(row.seq.prompt) - 1:
+                break
+            self.waiting.remove(row)
+            self.rows.append(row)
+            joined.append(row)
+            events.append((row.key, row.seq.prefilled()))
+        if joined:  # all at once: rows appended to the cache cost one copy
+            places = self.cache.add([r.cache for r in joined], [r.prefilled for r in joined])
+            for row, place in zip(joined, places):
+                row.cache, row.place = None, place
+        return events
+
+    def _decode(self) -> list[Event]:
+        start = time.perf_counter()
+        cur = self.queued or self._launch()
+        self.queued = behind = self._behind(cur)  # before `cur` is read: the device keeps busy
+        active = {id(r) for r in self.rows}  # a row cancelled since `cur` was queued is not judged
+        ours = [i for i, r in enumerate(cur.rows) if id(r) in active and i not in cur.dropped]
+        chosen = read_all(cur.verdict, [len(d) + 1 for d in cur.drafts])  # the step's one read
+        judged = {i: cur.rows[i].seq.judge(chosen[i], cur.logits[cur.rows[i].place, a : a + len(d) + 1], d)
+                  for i in ours for d, a in [(cur.drafts[i], cur.again[i])]}
+        if not cur.plain:
+            # A near-tied row keeps the entries up to the tied position's input, fed again alone
+            # below (a row with states keeps them short of it: they cannot drop it, and are restored).
+            kept = [0] * self.cache.rows
+            for i, (tokens, _, tied) in judged.items():
+                kept[cur.rows[i].place] = cur.again[i] + len(tokens) + (tied is not None and not self.cache.states)
+            self.cache.commit(cur.width, kept)
+        events, done, index = [], set(), {id(r): j for j, r in enumerate(self.rows)}
+        for i, (tokens, matched, tied) in judged.items():
+            r, d = cur.rows[i], cur.drafts[i]
+            if tied is not None:
+                if cur.plain:  # committed at launch: take back what the tie makes wrong
+                    self._untie(r, behind)
+                tokens, matched = self._confirm(r, [*r.seq.history, *d][r.seq.pos - 1 + tied], d, tied)
+            step = r.seq.finish(tokens, len(d), matched, tied is not None, cur.queued)
+            events.append((r.key, step if r.seq.failed is None else Failed(r.seq.failed)))
+            if step.stop_reason or r.seq.failed is not None:  # a failed row leaves alone
+                done.add(index[id(r)])
+        self.counters.decode_time += time.perf_counter() - start
+        self.counters.generation_steps += 1
+        self.counters.generation_tokens += sum(len(s.tokens) + (s.stop_token is not None) for _, s in events
+                                               if isinstance(s, Step))
+        if done:
+            self._leave(done)
+        # Rows are not moved while a pass is queued on their places (nor its states' marks).
+        if self.rows and self.queued is None and self.cache.untidy(joining=bool(self.waiting)):
+            where = {old: new for new, old in enumerate(self.cache.compact())}
+            for r in self.rows:
+                r.place = where[r.place]
+        return events
+
+    def _launch(self) -> Pass:
+        """This step's pass, read before the next is built: every row's last token (after any
+        accepted ones a restored state took back) and its draft. A pass where every row feeds
+        one token is committed now (each keeps it), so a pass can be queued behind it."""
+        drafts = step_drafts(self.rows, self.pricing, self.cache.rows, self.cache.slots.end)
+        fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
+        for r, d in zip(self.rows, drafts):
+            fed[r.place] = [*r.seq.history[self.cache.slots.lengths[r.place]:], *d]
+        width = max(map(len, fed))
+        x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
+        self.cache.begin([len(f) for f in fed])
+        with eager(self.cache.layers, self.pricing.eager if self.pricing else 0):  # nothing runs ahead
+            logits = self.model(x, cache=self.cache.layers)
+        again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
+        verdict = verdicts(logits, self.rows, [(a, len(d) + 1) for d, a in zip(drafts, again)])
+        mx.async_eval(verdict)
+        if width == 1:
+            self.cache.commit(1, [1] * self.cache.rows)
+        return Pass(list(self.rows), drafts, again, width, logits, verdict)
+
+    def _behind(self, cur: Pass) -> Pass | None:
+        """A plain pass queued behind `cur` before it is read (as mlx-lm queues its steps), its
+        input each row's lazy token from `cur`; None where it could not be used whole: `cur`
+        drafts, rows are waiting to join or left it, a row's next token needs the host (a
+        grammar), or a draft some row would make at its next step could be kept."""
+        if (not cur.plain or cur.dropped or len(cur.rows) != len(self.rows)
+                or (self.waiting and len(self.rows) < self.max_rows)
+                or not all(r.seq.queues for r in self.rows)):
+            return None
+        if drafts_coming(self.rows, self.pricing, self.cache.rows, self.cache.slots.end):
+            return None
+        column = [0] * self.cache.rows  # a free row is fed any token (masked out)
+        for i, r in enumerate(cur.rows):
+            column[r.place] = i
+        x = cur.verdict[0][mx.array(column, mx.int32)][:, None]
+        self.cache.begin([1] * self.cache.rows)
+        logits = self.model(x, cache=self.cache.layers)
+        verdict = verdicts(logits, cur.rows, [(0, 1)] * len(cur.rows), ahead=1)
+        mx.async_eval(verdict)
+        self.cache.commit(1, [1] * self.cache.rows)
+        n = len(cur.rows)
+        return Pass(list(cur.rows), [[]] * n, [0] * n, 1, logits, verdict, queued=True)
+
+    def _untie(self, row: Row, behind: Pass | None) -> None:
+        """A near-tied row of a pass committed at launch: the pass behind it was fed a token that
+        may not be the row's (its entry is taken back, and the row sits that pass out), and a row
+        with states is taken back to before this pass (its input is fed again alone)."""
+        i = behind.column(row) if behind else None
+        if i is not None:
+            behind.dropped.add(i)
+        states = bool(self.cache.states)
+        entries = (i is not None) + states
+        if entries:
+            self.cache.take_back(row.place, entries, passes=1 + (behind is not None))
+
+    def _confirm(self, row: Row, token: int, drafts: list[int], n: int) -> tuple[list[int], int]:
+        """Choose the near-tied position `n` of `row` as plain decoding does: a one-position pass
+        of its input `token` over the row's own entries before it, alone."""
+        alone = self._alone(row, row.seq.pos - 1 + n, [*row.seq.history, *drafts])
+        return row.seq.choose(self.model(mx.array([[token]], mx.uint32), cache=alone)[0, -1], drafts, n)
+
+    def _alone(self, row: Row, upto: int, tokens: list[int]) -> list:
+        """A cache of `row`'s own holding `tokens[:upto]`: its entries copied out of the batch,
+        and where its states were restored to fewer, the rest fed again alone."""
+        held = self.cache.slots.lengths[row.place]
+        count = held if self.cache.states else min(upto, held)
+        alone = self.cache.row_cache(row.place, count)
+        if count < upto:
+            self.model(mx.array([tokens[count:upto]], mx.uint32), cache=alone)
+            mx.eval([c.state for c in alone])
+        return alone
+
+    def _leave(self, rows: set[int]) -> None:
+        """Drop these rows (indices into `rows`), a keep_cache row's entries (all it holds: its
+        history but the last token, as decode.generate leaves its cache) first copied out to
+        `kept`. Their cache rows are freed, not copied away (see cache.RaggedBatch)."""
+        for i in rows:
+            at = self.queued.column(self.rows[i]) if self.queued else None
+            if at is not None:  # the pass queued for it is not its output
+                self.cache.take_back(self.rows[i].place, 1, passes=1)
+                self.queued.dropped.add(at)
+            if self.rows[i].keep_cache:
+                r = self.rows[i]
+                self.kept[r.key] = self._alone(r, r.seq.pos - 1, r.seq.history)
+        self.cache.drop([self.rows[i].place for i in rows])
+        self.rows = [r for i, r in enumerate(self.rows) if i not in rows]
+        if not self.rows and self.queued is not None:
+            self.queued, self.wasted = None, self.wasted + 1

@@ -1,0 +1,216 @@
+"""A ragged batch cache: many sequences in one buffer, each with its own end, nothing moved per
+step.
+
+Every row writes a step's T positions at the same buffer slots (one slice write per layer, as
+mlx-lm's caches do); `Slots` (slots.py), shared by all layers, says which slots each row
+holds. A row's rejected drafts and its padding (rows feed fewer positions than the step's widest)
+stay in the buffer but are masked out forever, and each row's RoPE offset is its own logical
+length, so a rejected slot leaves no gap in positions: the next token sits right after the last
+kept one. The attention mask of a step is (rows, 1, T, slots): slot held by that row AND causal
+by buffer index. Sequences join with a prefilled single-sequence cache (right-aligned, left slots
+invalid), into a row another one freed by leaving (`drop`) or a new one. Holes and free rows are
+squeezed out (`compact`) once they make the buffer much larger than what its rows hold.
+
+Layers of three kinds batch: KV caches; sliding windows (RotatingKVCache), held like KV layers
+(kv.py) and masked to each row's window, so a rejected draft is a hole there too, wrap or
+not, and cut to the slots some window still reaches (`commit`); and state layers (ArraysCache,
+state.py), which cannot drop tokens: a row whose draft was partly rejected is restored to
+its state before the pass and keeps none of the pass's entries in any layer, so all layers hold
+the same tokens (`commit`). `unbatchable` names any other kind.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+from specgen.engine.batch.kv import GROW, RaggedKVCache, newest
+from specgen.engine.batch.slots import Slots
+from specgen.engine.batch.state import RowStates
+
+HOLES = 0.5  # compact when the buffer is this much longer than the longest row (and GROW more)
+
+
+def _batches(c) -> bool:
+    # A window that keeps its first tokens (mlx-lm's max_kv_size) is not a sliding window.
+    return type(c) in (KVCache, ArraysCache) or (type(c) is RotatingKVCache and not c.keep)
+
+
+def unbatchable(cache: Sequence) -> str | None:
+    """Why a model's fresh cache (make_prompt_cache) cannot join a ragged batch, or None."""
+    kinds = sorted({type(c).__name__ for c in cache if not _batches(c)})
+    return f"its cache layers ({', '.join(kinds)}) do not batch by per-row ends" if kinds else None
+
+
+def _layer(c, slots: Slots):
+    """The batched layer for one layer of a single-sequence cache."""
+    if type(c) is ArraysCache:
+        return RowStates(slots, len(c.cache))
+    return RaggedKVCache(slots, c.max_size if type(c) is RotatingKVCache else None)
+
+
+class RaggedBatch:
+    """The ragged cache of a whole model: one batched layer per layer over shared Slots, of the
+    kinds of the first caches to join (all of one model).
+
+    A sequence that leaves frees its row (nothing is moved); a free row holds nothing and is fed
+    padding until a joining sequence takes it, or until `compact` drops it. Copying every row's
+    entries whenever one row left cost ~0.1-0.9 s a time at 16 rows of a few hundred slots on the
+    CPU, on every one of a round's leaves; a padded row costs a few ms a step."""
+
+    def __init__(self, layers: int):
+        self.slots = Slots()
+        self.count = layers  # layers of the model's cache
+        self.layers: list = []  # made by the first `add`, from the kinds of its caches
+        self.free: list[int] = []  # rows no sequence holds, lowest first
+        self._fed: list[int] = []  # positions each row feeds in the current pass
+
+    @property
+    def rows(self) -> int:
+        """Rows of the buffer, free ones included (every pass feeds them all)."""
+        return len(self.slots.lengths)
+
+    @property
+    def states(self) -> list[RowStates]:
+        """The state layers: where there are any, rows are taken back whole (`commit`)."""
+        return [c for c in self.layers if isinstance(c, RowStates)]
+
+    @property
+    def _kv(self) -> list[RaggedKVCache]:
+        return [c for c in self.layers if isinstance(c, RaggedKVCache)]
+
+    def add(self, caches: Sequence[Sequence], counts: Sequence[int] | None = None) -> list[int]:
+        """Hold what each single-sequence cache holds (`counts[i]` tokens: by default, what its
+        attention layers hold), in a free row (written in place) or, past those, in rows appended
+        together (one copy): their rows."""
+        if len(caches[0]) != self.count:
+            raise ValueError(f"a cache of {len(caches[0])} layers joins a batch of {self.count}")
+        if not self.layers:
+            self.layers = [_layer(c, self.slots) for c in caches[0]]
+        if counts is None:
+            counts = [next((c.offset for c in cache if hasattr(c, "offset")), 0) for cache in caches]
+        end = max(self.slots.end, *counts)
+        if end > self.slots.end:  # the buffer grows on the left: old rows gain invalid slots
+            self._shift(end - self.slots.end)
+        reused, self.free = self.free[: len(caches)], self.free[len(caches):]
+        rows = self.rows
+        places = reused + list(range(rows, rows + len(caches) - len(reused)))
+        for k, mine in enumerate(self.layers):
+            theirs = [cache[k] for cache in caches]
+            if isinstance(mine, RowStates):
+                mine.join(theirs, places, rows + len(caches) - len(reused))
+            else:
+                mine.join([newest(c) for c in theirs], places, rows, end)
+        more = np.zeros((len(places) - len(reused), end), dtype=bool)
+        self.slots.held = np.concatenate([self.slots.held, more], axis=0)
+        self.slots.lengths += [0] * len(more)
+        for row, n in zip(places, counts):
+            self.slots.held[row] = False
+            self.slots.held[row, end - n:] = True
+            self.slots.lengths[row] = n
+        return places
+
+    def _shift(self, by: int) -> None:
+        for c in self._kv:
+            c.shift(by)
+        self.slots.held = np.pad(self.slots.held, [(0, 0), (by, 0)])
+
+    def begin(self, fed: Sequence[int]) -> None:
+        """Before a pass feeding `fed[i]` real positions of row i (the rest is padding)."""
+        for c in self.states:
+            c.mark()
+        self._fed = list(fed)
+        self.slots.begin(fed)
+
+    def commit(self, width: int, kept: Sequence[int]) -> None:
+        """After the pass: row i keeps its first `kept[i]` fed positions. With state layers, a
+        row that keeps fewer than it fed keeps none, and its states go back to before the pass."""
+        back = [i for i, (k, f) in enumerate(zip(kept, self._fed)) if k < f] if self.states else []
+        if back:
+            for c in self.states:
+                c.restore(back)
+            kept = [0 if i in back else k for i, k in enumerate(kept)]
+        self.slots.commit(width, kept)
+        for window in {c.window for c in self._kv if c.window is not None}:
+            needed = self._needed(window + 1)
+            for c in self._kv:
+                if c.window == window:
+                    c.forget(needed)
+
+    def take_back(self, row: int, entries: int, passes: int) -> None:
+        """Take back the newest `entries` entries of `row` that the last `passes` committed passes
+        added (a pass queued behind one whose token for the row was not the one fed, or that the
+        row left): state layers go back to before those passes."""
+        for c in self.states:
+            c.restore([row], passes)
+        if entries:
+            where = np.flatnonzero(self.slots.held[row])
+            self.slots.held[row, where[-entries:]] = False
+            self.slots.lengths[row] -= entries
+
+    def _needed(self, last: int) -> int:
+        """The first slot holding one of some row's `last` newest entries."""
+        firsts = [where[-last] if len(where) >= last else where[0]
+                  for where in map(np.flatnonzero, self.slots.held) if len(where)]
+        return int(min(firsts, default=self.slots.end))
+
+    def drop(self, rows: Sequence[int]) -> None:
+        """Free these rows (nothing is moved); with none held any more, the buffer is emptied."""
+        for i in rows:
+            self.slots.held[i] = False
+            self.slots.lengths[i] = 0
+        self.free = sorted({*self.free, *rows})
+        if len(self.free) == self.rows:
+            self.slots.held = np.zeros((0, 0), dtype=bool)
+            self.slots.lengths, self.free = [], []
+            for c in self._kv:
+                c.clear()
+            for c in self.states:
+                c.clear()
+
+    def untidy(self, joining: bool) -> bool:
+        """Whether the buffer is worth copying smaller (`compact`): free rows are half of it or
+        more (and no sequence is about to take them), or empty slots make it much longer than
+        its longest row."""
+        longest = max(self.slots.lengths, default=0)
+        free = not joining and 2 * len(self.free) >= self.rows > 0
+        return free or self.slots.end > longest * (1 + HOLES) + GROW
+
+    def compact(self) -> list[int]:
+        """Drop the free rows and move every row's entries to the end of a buffer as long as the
+        longest row (a copy). Returns the rows kept, by their old numbers, in their new order."""
+        free = set(self.free)
+        kept = [i for i in range(self.rows) if i not in free]
+        held = self.slots.held[kept]
+        lengths = [self.slots.lengths[i] for i in kept]
+        longest = max(lengths)
+        order = np.zeros((len(kept), longest), dtype=np.int32)
+        for j, n in enumerate(lengths):
+            order[j, longest - n:] = np.flatnonzero(held[j])
+        rows = mx.array(kept, mx.int32) if self.free else None
+        for c in self._kv:
+            c.gather(rows, order, self.slots.end, lengths)
+        if self.free:
+            for c in self.states:
+                c.keep(kept)
+        self.slots.held = np.arange(longest)[None, :] >= (longest - np.asarray(lengths))[:, None]
+        self.slots.lengths, self.free = lengths, []
+        return kept
+
+    def row_cache(self, row: int, count: int) -> list:
+        """A single-sequence cache holding the first `count` entries of row `row` (a copy, made
+        now: a lazy one would keep the whole buffer alive, and force the next step's writes to
+        copy it, ~0.6 s a leave at 16 rows on the CPU). With state layers, `count` is what the
+        row holds (its state is as of then)."""
+        if self.states and count != self.slots.lengths[row]:
+            raise ValueError(f"row {row} holds {self.slots.lengths[row]} tokens' states, not {count}")
+        where = np.flatnonzero(self.slots.held[row])[:count]
+        out = [c.row(row) if isinstance(c, RowStates) else c.row(row, where) for c in self.layers]
+        for c in out:
+            if not isinstance(c, ArraysCache):
+                c.offset = count
+        mx.eval([c.cache if isinstance(c, ArraysCache) else [c.keys, c.values] for c in out if not c.empty()])
+        return out

@@ -1,0 +1,63 @@
+"""Which buffer slots each row of a ragged batch (cache.py) holds, each row's length, and a
+step's masks: a slot held by that row AND causal by buffer index, and for a sliding-window layer
+also within the window by the row's own positions. Shared by every layer of the batch."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+
+class Slots:
+    """Which buffer slots each row holds, each row's length, and the current step's masks."""
+
+    def __init__(self):
+        self.held = np.zeros((0, 0), dtype=bool)  # (rows, end): slot holds an entry of that row
+        self.lengths: list[int] = []  # entries each row holds (its next RoPE position)
+        self.offset = mx.zeros((0,), mx.int32)
+        self.mask: mx.array | None = None
+        # Real positions each row feeds this step, for state layers to skip the padding after
+        # them; None where every row feeds the step's whole width (the unmasked path, as alone).
+        self.widths: mx.array | None = None
+        self._step = np.zeros((0, 0, 0), dtype=bool)  # the step's mask, (rows, T, end + T)
+        self._windows: dict[tuple[int, int], mx.array] = {}
+
+    @property
+    def end(self) -> int:
+        return self.held.shape[1]
+
+    def begin(self, widths: Sequence[int]) -> None:
+        """Before a pass feeding `widths[i]` real positions of row i (the rest is padding)."""
+        width = max(widths)
+        new = np.arange(width)[None, :] < np.asarray(widths)[:, None]  # (rows, T)
+        causal = np.arange(width)[:, None] >= np.arange(width)[None, :]  # (T, T)
+        old = np.broadcast_to(self.held[:, None, :], (len(widths), width, self.end))
+        self._step = np.concatenate([old, new[:, None, :] & causal[None]], axis=2)
+        self.mask = mx.array(self._step[:, None])
+        self.offset = mx.array(self.lengths, mx.int32)
+        self.widths = None if min(widths) == width else mx.array(widths, mx.int32)
+        self._windows = {}
+
+    def window_mask(self, window: int, base: int = 0) -> mx.array:
+        """This step's mask for a layer that sees the last `window` positions (the query's own
+        included), as mlx-lm's sliding-window masks: by each row's positions, not by slots;
+        over the slots from `base` on (a window layer holds no earlier ones)."""
+        if (window, base) not in self._windows:
+            width = self._step.shape[1]
+            lengths = np.asarray(self.lengths)[:, None]
+            held = np.cumsum(self.held, axis=1)[:, base:] - 1
+            keys = np.concatenate([held, lengths + np.arange(width)], axis=1)
+            queries = lengths + np.arange(width)
+            near = keys[:, None, :] > queries[:, :, None] - window
+            self._windows[window, base] = mx.array((self._step[:, :, base:] & near)[:, None])
+        return self._windows[window, base]
+
+    def commit(self, width: int, kept: Sequence[int]) -> None:
+        """After a pass of `width` positions: row i keeps its first `kept[i]` fed positions."""
+        new = np.arange(width)[None, :] < np.asarray(kept)[:, None]
+        self.held = np.concatenate([self.held, new], axis=1)
+        self.lengths = [n + k for n, k in zip(self.lengths, kept)]
+        self.mask = self.widths = None
+        self._windows = {}

@@ -1,0 +1,113 @@
+"""Records that pass between the decode loop, its drafter and its callers (no mlx here, so that
+model-free code such as simulate and stats can use them).
+
+- `Prefilled`, `Step`: what `decode.generate` yields.
+- `Verdict`: what the loop tells the drafter about its last draft.
+- `Drafter`: what the loop asks of a drafter.
+- `Ahead`: what a drafter would draft past a draft not yet verified.
+- `PredictionCounts`: how the drafts from a caller's predicted output fared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Whether a run speculates, why not, and how a rejected draft is undone."""
+
+    on: bool
+    reason: str = ""  # why not, when off
+    rollback: str = ""  # when on: "trim" (KV caches cut back) or "restore (<cache types>)"
+
+    def __str__(self) -> str:
+        """The JSON/summary form: "on: trim", "off: <reason>"."""
+        if not self.on:
+            return f"off: {self.reason}"
+        return f"on: {self.rollback}" if self.rollback else "on"
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """The prompt is in the cache."""
+
+    prompt_tokens: int
+    speculation: Speculation
+
+
+@dataclass(frozen=True)
+class Step:
+    """One target forward pass after prefill (two when `confirmed`: a near-tied row of the verify
+    pass was recomputed as a one-position pass, see engine/decode/sampling.py).
+
+    `tokens` were emitted (never a stop token or anything after one); the first `accepted` of them
+    came from the draft; `drafted` tokens were verified. `stop_reason` is set on the last step:
+    "stop" (EOS or a stop token), "max_tokens" or "context" (the model's context is full).
+    """
+
+    tokens: tuple[int, ...]
+    drafted: int = 0
+    accepted: int = 0
+    stop_reason: str | None = None
+    confirmed: bool = False
+    stop_token: int | None = None
+    queued: bool = False  # its pass was queued behind the one before, before that one was read
+
+
+class Failed(NamedTuple):
+    """A sequence ended by its own error (its grammar gave up): the other sequences go on."""
+
+    error: Exception
+
+
+class Verdict(NamedTuple):
+    """What became of a draft: its first `accepted` tokens held, and (`rejected`) the next one was
+    judged wrong; a draft cut short by a stop token has tokens that were never judged."""
+
+    accepted: int
+    rejected: bool
+
+    @classmethod
+    def of(cls, drafted: int, matched: int, emitted: int) -> "Verdict":
+        """For a step that drafted `drafted` tokens, of which the first `matched` equal the target's
+        choices, and emitted `emitted` tokens (fewer than matched + 1 after a stop)."""
+        return cls(min(matched, emitted), matched < drafted and matched < emitted)
+
+
+class Ahead(NamedTuple):
+    """A drafter's continuation past a draft not yet verified (`Drafter.continuation`): the tokens
+    it would draft next if that draft held (the first one a guess at the verify pass's own next
+    token), and the chance it gives that draft of holding whole."""
+
+    tokens: list[int]
+    chance: float
+
+
+class PredictionCounts(NamedTuple):
+    """Drafted tokens that came from the caller's prediction, and how many of them were accepted."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+
+class Drafter(Protocol):
+    """What the decode loop (and simulate's replay) asks of a drafter."""
+
+    def feed(self, tokens: Iterable[int], verdict: Verdict | None = None) -> None:
+        """Take the prompt, or what a step emitted (with the verdict on the step's draft)."""
+
+    def draft(self, room: int) -> list[int]:
+        """Up to `room` tokens to verify next."""
+
+    def saves(self, room: int) -> float:
+        """What the draft `draft` would make here saves over a plain step, as a share of one
+        (0: it would draft nothing); asked of steps that cannot use a draft, nothing remembered."""
+
+    def continuation(self, drafts: Sequence[int], room: int) -> Ahead | None:
+        """What it would draft after `drafts` (its last draft, or none) if they held: a guess at
+        the next token, then drafts for the pass behind (None: it cannot say)."""
+
+    def recycle(self, inputs: Sequence[int], predicted: Sequence[int]) -> None:
+        """The target's own choice after each of `inputs` in a forward pass (rejected drafts too)."""
