@@ -21,16 +21,19 @@ def ratio(num: float, den: float) -> float:
 @dataclass
 class Counts:
     """Target forward passes after prefill (`steps`), the tokens they emitted, the draft tokens
-    they verified and accepted, and how many steps accepted k drafts (`histogram[k]`)."""
+    they verified and accepted, how many steps accepted k drafts (`histogram[k]`) and how many
+    carried a draft at all (`drafts`)."""
 
     steps: int = 0
     tokens: int = 0
     drafted: int = 0
     accepted: int = 0
     histogram: list[int] = field(default_factory=list)
+    drafts: int = 0
 
     def add_step(self, tokens: int, drafted: int, accepted: int) -> None:
         self.steps += 1
+        self.drafts += drafted > 0
         self.tokens += tokens
         self.drafted += drafted
         self.accepted += accepted
@@ -40,6 +43,7 @@ class Counts:
 
     def add(self, other: "Counts") -> None:
         self.steps += other.steps
+        self.drafts += other.drafts
         self.tokens += other.tokens
         self.drafted += other.drafted
         self.accepted += other.accepted

@@ -92,9 +92,12 @@ def leave_mid_stream(url: str, path: str, body: dict, lines: int) -> dict:
 
 def error_message(path: str, r: httpx.Response, param: str | None = None) -> str:
     """The message of `r`, a 4xx in the error shape of the API `path` belongs to (Anthropic's under
-    /v1/messages, OpenAI's elsewhere); with `param`, the error must name it first."""
+    /v1/messages, Ollama's under /api/, OpenAI's elsewhere); with `param`, the error must name it first."""
     assert 400 <= r.status_code < 500, (r.status_code, r.text)
     body = r.json()
+    if path.startswith("/api/"):
+        assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
+        return body["error"]
     if path.startswith("/v1/messages"):
         assert body["type"] == "error" and set(body) == {"type", "error"}, body
         assert set(body["error"]) == {"type", "message"} and isinstance(body["error"]["type"], str), body

@@ -240,7 +240,8 @@ def serve(
     engine = Engine.load(model, dtype=dtype, notice=say.warn, progress=say)
     if draft is None:
         engine.costs(recalibrate)  # once, before the first request
-    say(f"serving {engine.name} on http://{host}:{port}/v1 (OPENAI_BASE_URL=http://{host}:{port}/v1)")
+    say(f"serving {engine.name} on http://{host}:{port}/v1 (OPENAI_BASE_URL=http://{host}:{port}/v1; "
+        f"Ollama's API: OLLAMA_HOST=http://{host}:{port})")
     make_server(engine, config, host, port, log_level="warning" if quiet else "info").run()
 
 

@@ -23,6 +23,7 @@ def require_extra() -> None:
     """A one-line error naming the extra when FastAPI or uvicorn is missing."""
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
         raise SpecgenError(f"specgen serve needs the 'serve' extra ({e.name} is missing): "

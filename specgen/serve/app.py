@@ -1,5 +1,5 @@
 """The HTTP routes: OpenAI's chat and text completions, Anthropic's Messages (Claude Code), OpenAI's
-Responses (Codex), models and health.
+Responses (Codex), models and health; Ollama's are ollama.py's, on the same queue.
 
 Every generating route does the same four things: check its body (schema.py, apis/anthropic.py,
 apis/responses.py), make the prompt's token ids through the chat template (prompting.py) off the event
@@ -7,7 +7,7 @@ loop, queue a Turn on the one worker (generation/turn.py) and answer through its
 (apis/chat_stream.py, apis/anthropic_stream.py, apis/responses_stream.py), whole or streamed. So all of them
 share the engine, its speculation, the queue and its limits, the prompt cache and kept drafters
 across turns, cancellation when a client leaves. Errors are each API's own shape, chosen by the
-path (Anthropic's under /v1/messages, OpenAI's elsewhere): 400 for what a request says, 401
+path (Anthropic's under /v1/messages, Ollama's under /api/, OpenAI's elsewhere): 400 for what a request says, 401
 without the key (Bearer, or Anthropic's x-api-key; with CORS headers, so a browser can read it),
 404 for another path, 413 for a body over the limit, 429 when the queue is full, 503 when the
 worker cannot serve. Every route serves any model name (but "") with the loaded model.
@@ -25,13 +25,13 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from specgen.engine.batch.probe import batch_unsupported
 from specgen.engine.engine import Engine
-from specgen.serve.apis import anthropic
+from specgen.serve.apis import anthropic, ollama
 from specgen.serve.apis.anthropic import CountRequest, MessagesRequest
 from specgen.serve.apis.anthropic_stream import MessageBuilder
 from specgen.serve.apis.chat import ChatRequest, CompletionRequest
@@ -44,16 +44,22 @@ from specgen.serve.generation.batch_worker import BatchWorker
 from specgen.serve.generation.turn import Builder, Turn, respond
 from specgen.serve.generation.worker import Worker
 from specgen.serve.limits import BodyLimit
+from specgen.serve.metrics import CONTENT_TYPE as METRICS_TYPE
+from specgen.serve.metrics import Metrics
+from specgen.serve.ollama import ollama_routes
 from specgen.serve.prompting import Splitter, agent_ids, chat_ids, completion_ids, fits
 from specgen.serve.schema import ApiError, Generation, validation_error
 
 _log = logging.getLogger("specgen.serve")
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait
+GUARDED = ("/v1/", "/api/", "/metrics")  # behind --api-key (/health and Ollama's "/" are not)
 
 
 def error_body(path: str, e: ApiError) -> dict:
     """`e` in the error shape of the API `path` belongs to."""
-    return anthropic.error_body(e) if path.startswith("/v1/messages") else e.body()
+    if path.startswith("/v1/messages"):
+        return anthropic.error_body(e)
+    return ollama.error_body(e) if path.startswith("/api/") else e.body()
 
 
 def _worker(engine: Engine, config: ServeConfig) -> Worker:
@@ -91,6 +97,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="specgen", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
+    metrics = Metrics(config.model_name, running=lambda: worker.in_flight, waiting=lambda: worker.queued)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, error_body=error_body)
 
     @app.exception_handler(ApiError)
@@ -110,7 +117,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     @app.middleware("http")
     async def authorize(request: HttpRequest, call_next):
         # CORS preflights carry no key; Anthropic's clients send theirs as x-api-key
-        if config.api_key and request.url.path.startswith("/v1/") and request.method != "OPTIONS":
+        if config.api_key and request.url.path.startswith(GUARDED) and request.method != "OPTIONS":
             headers = request.headers
             given = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
             if not secrets.compare_digest(given.encode(), config.api_key.encode()):
@@ -128,7 +135,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         generic = splitter.tools if splitter is not None and splitter.generic else None
         if generation.options.response_format is not None or generic:  # compiled here: the worker gets no bad one
             generation = await run_in_threadpool(constrained, engine, generation, generic)
-        turn = Turn.submit(engine, worker, ids, generation, splitter, builder.label)
+        turn = Turn.submit(engine, worker, ids, generation, splitter, builder.label, metrics)
         return await respond(request, turn, builder, generation.stream)
 
     @app.get("/health")
@@ -138,6 +145,10 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         if worker.dead is not None:
             return JSONResponse({"status": "dead", "error": worker.dead, **state}, 503)
         return {"status": "ok", **state}
+
+    @app.get("/metrics")
+    async def exposition():
+        return Response(metrics.exposition(), media_type=METRICS_TYPE)
 
     @app.get("/v1/models")
     async def models():
@@ -186,5 +197,6 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         splitter = Splitter(engine, ids, tools, one_call=body.parallel_tool_calls is False)
         return await answer(request, ids, generation, splitter, builder)
 
+    app.include_router(ollama_routes(engine, config, answer, known))
     return app
 

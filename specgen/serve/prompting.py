@@ -23,13 +23,15 @@ from specgen.engine.prompts import text_chars
 from specgen.errors import SpecgenError
 from specgen.serve.apis import tools as tool_format
 from specgen.serve.apis.chat import ChatRequest, CompletionRequest
+from specgen.serve.apis.ollama import ChatRequest as OllamaChat
 from specgen.serve.schema import bad
 
 _log = logging.getLogger("specgen.serve")
 
 
-def chat_ids(engine: Engine, req: ChatRequest) -> tuple[list[int], list[dict] | None]:
-    """The conversation's token ids, through the chat template, and the tools it was given."""
+def chat_ids(engine: Engine, req: ChatRequest | OllamaChat) -> tuple[list[int], list[dict] | None]:
+    """The conversation's token ids, through the chat template, and the tools it was given (chat
+    completions' and Ollama's chat: the same prompt for the same conversation)."""
     messages, tools = req.conversation()
     if tools and not _templated(engine):
         raise bad("tools", f"{engine.name} has no tool-calling format, nor a chat template to describe "
@@ -91,17 +93,23 @@ def completion_ids(engine: Engine, req: CompletionRequest) -> list[int]:
     """The prompt's token ids: text encoded as mlx-lm encodes it, or the ids given."""
     prompt = req.one_prompt()
     if isinstance(prompt, str):
-        try:
-            engine.check_fits(len(prompt))  # before tokenizing it
-        except SpecgenError as e:
-            raise bad("prompt", str(e)) from None
-        ids = list(engine.loaded.tokenizer.encode(prompt))
+        ids = text_ids(engine, prompt, "prompt")
     else:
         vocab = engine.loaded.config.get("vocab_size") or len(engine.loaded.tokenizer.get_vocab())
         if any(not 0 <= t < vocab for t in prompt):
             raise bad("prompt", f"holds token ids outside the vocabulary (0 to {vocab - 1})")
         ids = list(prompt)
     return fits(engine, ids, "prompt")
+
+
+def text_ids(engine: Engine, text: str, param: str) -> list[int]:
+    """Text encoded as mlx-lm encodes a raw prompt; a 400 on `param` when its characters cannot fit
+    the context (checked before tokenizing it). Not checked against the context: `fits` does."""
+    try:
+        engine.check_fits(len(text))
+    except SpecgenError as e:
+        raise bad(param, str(e)) from None
+    return list(engine.loaded.tokenizer.encode(text))
 
 
 def fits(engine: Engine, ids: list[int], param: str) -> list[int]:

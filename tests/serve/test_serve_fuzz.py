@@ -56,6 +56,11 @@ RESPONSES = {"model": "gpt-5", "max_output_tokens": 2, "stream": True, "instruct
                        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
                        {"type": "function_call_output", "call_id": "c1", "output": "18 C"},
                        {"type": "reasoning", "id": "rs_1", "summary": []}]}
+OLLAMA_CHAT = {"model": "demo", "stream": True, "keep_alive": -1, "format": "",
+               "options": {"num_predict": 2, "temperature": 0.5, "top_k": 4, "top_p": 0.9, "min_p": 0.1, "seed": 1,
+                           "stop": ["zz"]},
+               "messages": [{"role": "system", "content": "Be brief."}, *MSG,
+                            {"role": "assistant", "content": "there was"}, {"role": "user", "content": "And?"}]}
 SEEDS = {  # valid bodies for each route, the first a plain one, the others with every kind of part taken
     "/v1/chat/completions": [{"model": "demo", "messages": MSG, "max_tokens": 2}, CHAT],
     "/v1/completions": [{"model": "demo", "prompt": "Once upon a time", "max_tokens": 2},
@@ -64,6 +69,12 @@ SEEDS = {  # valid bodies for each route, the first a plain one, the others with
     "/v1/messages": [{"model": "claude", "max_tokens": 2, "messages": MSG}, MESSAGES],
     "/v1/messages/count_tokens": [{"model": "claude", "messages": MSG, "system": "Be brief."}],
     "/v1/responses": [{"model": "gpt-5", "input": "Once upon a time", "max_output_tokens": 2}, RESPONSES],
+    "/api/chat": [{"model": "demo", "messages": MSG, "options": {"num_predict": 2}, "stream": False}, OLLAMA_CHAT],
+    "/api/generate": [{"model": "demo", "prompt": "Once upon a time", "options": {"num_predict": 2}},
+                      {"model": "demo:latest", "prompt": "Once", "raw": True, "context": [1, 403], "stream": False,
+                       "keep_alive": "5m", "options": {"num_predict": 2, "stop": "zz", "num_ctx": 40, "num_thread": 2,
+                                                       "repeat_penalty": 1.0}}],
+    "/api/show": [{"model": "demo"}],
 }
 WRONG = [None, True, False, 0, -1, 1.5, 2**31, 2**63, -(2**63), 10**400, 1e308, float("nan"), float("inf"),
          "", "5", "\ud800", "a\udfffb", "x" * 3000, [], {}, [[]], [None], {"type": []}, {"type": {}},
@@ -125,7 +136,7 @@ def _wrong(path: str, r: httpx.Response) -> str | None:
         return f"{r.status_code}: {r.text[:200]}"
     if r.status_code >= 400:
         try:
-            param = None if path.startswith("/v1/messages") else r.json()["error"]["param"]
+            param = None if path.startswith(("/v1/messages", "/api/")) else r.json()["error"]["param"]
             error_message(path, r, param)
         except (AssertionError, ValueError, KeyError, TypeError) as e:
             return f"{r.status_code} not in the API's error shape ({e!r}): {r.text[:200]}"

@@ -4,7 +4,7 @@
 that opens a stream, one chunk per piece of text, reasoning or finished tool calls, the chunk with
 the finish reason (and specgen's statistics), the usage chunk when asked for, `[DONE]`; and the
 plain body, which holds what those chunks held. `usage` and `specgen_stats` are the counts every
-API reports its own way.
+API reports its own way; `timings` is llama.cpp's server's record of them, which its clients read.
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ def specgen_stats(stats) -> dict:
     return {"steps": c.steps, "drafted": c.drafted, "accepted": c.accepted,
             "tokens_per_step": round(c.tokens_per_step, 4), "decode_tps": round(stats.decode_tps, 3),
             "prompt_tps": round(stats.prompt_tps, 3), "speculation": str(stats.speculation)}
+
+
+def timings(stats) -> dict:
+    """llama.cpp's per-response `timings` (its server's names), speculation's counts included."""
+    generated_n = generated(stats)
+    return {"cache_n": stats.cached_tokens, "prompt_n": stats.prompt_tokens - stats.cached_tokens,
+            "prompt_ms": round(stats.prefill_s * 1000, 3), "prompt_per_second": round(stats.prompt_tps, 3),
+            "predicted_n": generated_n, "predicted_ms": round(stats.decode_s * 1000, 3),
+            "predicted_per_second": round(stats.decode_tps, 3), "draft_n": stats.counts.drafted,
+            "draft_n_accepted": stats.counts.accepted}
 
 
 class ChatBuilder:
@@ -67,7 +77,7 @@ class ChatBuilder:
             return []  # Started: a chat stream has opened already
         self.done = piece
         final = self._chunk(finish=piece.finish)
-        final["specgen"] = specgen_stats(piece.stats)
+        final["specgen"], final["timings"] = specgen_stats(piece.stats), timings(piece.stats)
         events = [(None, final)]
         if self.include_usage:
             events.append((None, {**self.head(True), "choices": [], "usage": usage(piece.stats)}))
@@ -99,4 +109,5 @@ class ChatBuilder:
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": self.content, "logprobs": None, "finish_reason": finish}
-        return {**self.head(False), "choices": [choice], "usage": usage(stats), "specgen": specgen_stats(stats)}
+        return {**self.head(False), "choices": [choice], "usage": usage(stats), "specgen": specgen_stats(stats),
+                "timings": timings(stats)}

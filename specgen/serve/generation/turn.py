@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import NamedTuple, Protocol, Union
@@ -26,6 +27,7 @@ from fastapi.responses import StreamingResponse
 from specgen.engine.engine import Engine, Response
 from specgen.errors import SettingError, SpecgenError
 from specgen.serve.generation.worker import Finished, Job, Started, Worker, stopping_error
+from specgen.serve.metrics import Metrics
 from specgen.serve.prompting import Parts, Splitter
 from specgen.serve.schema import ApiError, Generation, setting_error
 
@@ -46,7 +48,9 @@ Event = tuple[Union[str, None], Union[dict, str]]  # (SSE event name or None, pa
 
 
 class Builder(Protocol):
-    """An API's shapes for one answer: what its stream says for each piece, and the whole body."""
+    """An API's shapes for one answer: what its stream says for each piece, and the whole body.
+    A builder with a true `ndjson` attribute streams one JSON object a line (Ollama's), not
+    server-sent events."""
 
     def opening(self) -> list[Event]:
         """Events a stream starts with, before the worker has taken the job."""
@@ -70,8 +74,9 @@ class Turn:
     """One request's job on the worker, and the pieces of the message it generates."""
 
     def __init__(self, engine: Engine, ids: list[int], generation: Generation, splitter: Splitter | None,
-                 label: str):
-        self.engine, self.splitter, self.label = engine, splitter, label
+                 label: str, metrics: Metrics | None = None):
+        self.engine, self.splitter, self.label, self.metrics = engine, splitter, label, metrics
+        self.arrived, self._first = time.perf_counter(), True
         loop = asyncio.get_running_loop()
         self.items: asyncio.Queue = asyncio.Queue()
         self.job = Job(ids, generation.options, generation.prediction,
@@ -79,9 +84,10 @@ class Turn:
 
     @classmethod
     def submit(cls, engine: Engine, worker: Worker, ids: list[int], generation: Generation,
-               splitter: Splitter | None, label: str) -> Turn:
-        """Queue the generation (ApiError 429 / 503 when the worker cannot take it)."""
-        turn = cls(engine, ids, generation, splitter, label)
+               splitter: Splitter | None, label: str, metrics: Metrics | None = None) -> Turn:
+        """Queue the generation (ApiError 429 / 503 when the worker cannot take it); its figures
+        go to `metrics` as it ends."""
+        turn = cls(engine, ids, generation, splitter, label, metrics)
         worker.submit(turn.job)
         return turn
 
@@ -94,21 +100,34 @@ class Turn:
                 if isinstance(item, Started):
                     yield item
                 elif isinstance(item, Response):
+                    if self._first and self.metrics is not None:
+                        self.metrics.first_token(time.perf_counter() - self.arrived)
+                    self._first = False
                     parts = self._parts(item)
                     if parts != Parts():
                         yield parts
                 elif isinstance(item, Finished):
                     _log_line(self.label, item.stats, item.cancelled)
                     if item.cancelled:  # its client is gone, or the server is stopping
+                        self._ended("abort")
                         raise stopping_error()
-                    yield self._done(item.stats)
+                    done = self._done(item.stats)
+                    if self.metrics is not None:
+                        self.metrics.finished(item.stats, done.finish, generated(item.stats),
+                                              time.perf_counter() - self.arrived)
+                    yield done
                     return
                 else:
+                    self._ended("error")
                     raise as_api_error(item)
         finally:
             if watcher is not None:
                 watcher.cancel()
             self.job.cancel()  # a no-op once finished; stops the work if the answer was abandoned
+
+    def _ended(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.ended(reason)
 
     def _parts(self, response: Response) -> Parts:
         if self.splitter is None:
@@ -130,19 +149,22 @@ async def respond(request: HttpRequest, turn: Turn, builder: Builder, stream: bo
                 builder.feed(piece)
         return builder.whole()
 
+    ndjson = getattr(builder, "ndjson", False)
+    encode = ndjson_line if ndjson else sse
+
     async def events():
         for event in builder.opening():
-            yield sse(*event)
+            yield encode(*event)
         async with aclosing(turn.pieces()) as pieces:
             try:
                 async for piece in pieces:
                     for event in builder.feed(piece):
-                        yield sse(*event)
+                        yield encode(*event)
             except ApiError as e:
                 for event in builder.failed(e):
-                    yield sse(*event)
+                    yield encode(*event)
 
-    return StreamingResponse(events(), media_type="text/event-stream",
+    return StreamingResponse(events(), media_type="application/x-ndjson" if ndjson else "text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -150,6 +172,11 @@ def sse(name: str | None, payload: dict | str) -> str:
     """One server-sent event: `event: NAME` when named, then its data."""
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"{f'event: {name}' + chr(10) if name else ''}data: {data}\n\n"
+
+
+def ndjson_line(_name: str | None, payload: dict | str) -> str:
+    """One line of an NDJSON stream."""
+    return (payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)) + "\n"
 
 
 def as_api_error(e: Exception) -> ApiError:

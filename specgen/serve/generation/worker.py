@@ -111,6 +111,11 @@ class Worker:
     def queued(self) -> int:
         return len(self._jobs)
 
+    @property
+    def in_flight(self) -> int:
+        """Jobs taken and not finished."""
+        return len(self._holding())
+
     def submit(self, job: Job) -> None:
         """Queue `job`; ApiError 429 when the queue is full, 503 when the worker cannot take it."""
         with self._cond:
