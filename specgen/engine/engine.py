@@ -68,7 +68,7 @@ class Request:
     off: str | None = None  # why not to speculate, decided by the caller
     drafter: AdaptiveDrafter | None = None  # one already fed the first `drafter_fed` of `ids`
     drafter_fed: int = 0
-    cancelled: Callable[[], bool] | None = None  # asked between prefill chunks (decode.generate)
+    cancelled: Callable[[], bool] | None = None  # asked during the prefill, between layers (Sequence)
 
 
 class Engine:
@@ -219,7 +219,8 @@ class Engine:
                             stop_tokens=stop_ids,
                             context_length=self.loaded.context_length, selector=selector, off=off,
                             constraint=constraint,
-                            drafter_fed=request.drafter_fed if drafter is request.drafter else 0)
+                            drafter_fed=request.drafter_fed if drafter is request.drafter else 0,
+                            cancelled=request.cancelled)
         return Plan(sequence, found.queue_after if found else None, found.prices if found else None)
 
     def stream(self, request: Request, stats: RunStats | None = None) -> Iterator[Response]:
@@ -230,8 +231,7 @@ class Engine:
         stats = stats or RunStats()
         plan = self.plan(request, stats)
         events = decode.generate(self.loaded.model, plan.sequence, prompt_cache=request.prompt_cache,
-                                 cached=request.cached, queue_after=plan.queue_after, prices=plan.prices,
-                                 cancelled=request.cancelled)
+                                 cached=request.cached, queue_after=plan.queue_after, prices=plan.prices)
         responder = Responder(self.loaded.tokenizer, request.options.stop, stats, plan.sequence.drafter)
         try:
             for event in events:

@@ -39,7 +39,7 @@ from specgen.engine.batch.cache import RaggedBatch
 from specgen.engine.batch.probe import probe
 from specgen.engine.batch.row import Row
 from specgen.engine.cost.batch import Pricing, drafts_coming, step_drafts
-from specgen.engine.decode.eager import eager
+from specgen.engine.decode.eager import Stopped, eager, stoppable
 from specgen.engine.decode.loop import PREFILL_CHUNK
 from specgen.engine.decode.sampling import GREEDY, read_all
 from specgen.engine.decode.sequence import Sequence, as_sequence
@@ -179,8 +179,13 @@ class Batch:
                 n = min(left, budget)
                 start = time.perf_counter()
                 piece = row.seq.prompt[row.prefilled : row.prefilled + n]
-                self.model(mx.array([piece], mx.uint32), cache=row.cache)
-                mx.eval([c.state for c in row.cache])
+                try:
+                    with stoppable(row.cache, row.seq.cancelled, n):
+                        self.model(mx.array([piece], mx.uint32), cache=row.cache)
+                        mx.eval([c.state for c in row.cache])
+                except Stopped:  # its caller dropped it: gone, its part-filled cache with it
+                    self.waiting.remove(row)
+                    break
                 self.counters.prompt_time += time.perf_counter() - start
                 self.counters.prompt_tokens += n
                 row.prefilled += n

@@ -8,7 +8,7 @@ its passes: queued behind the one in flight where that pays, eager where nothing
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, NamedTuple
+from typing import Iterator, NamedTuple
 from typing import Sequence as Ids
 
 import mlx.core as mx
@@ -17,7 +17,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specgen.draft.schedule import Schedule
 from specgen.engine.cost.curve import StepPrices
-from specgen.engine.decode.eager import eager
+from specgen.engine.decode.eager import Stopped, eager, stoppable
 from specgen.engine.decode.rollback import Rollback
 from specgen.engine.decode.sampling import read
 from specgen.engine.decode.sequence import Sequence, as_sequence
@@ -46,7 +46,6 @@ def generate(
     cached: int = 0,
     queue_after: int | None = None,
     prices: StepPrices | None = None,
-    cancelled: Callable[[], bool] | None = None,
     **settings,
 ) -> Iterator[Prefilled | Step]:
     """Generate one sequence: `prompt` is a Sequence (sequence.py: its drafter, draft cap,
@@ -60,9 +59,10 @@ def generate(
     `prices` (cost.StepPrices): what steps cost in plain steps as this loop runs them, which
     decides where a pass is queued behind another, and how a pass nothing runs ahead of is
     evaluated (eagerly where the prices were timed so). A grammar's mask needs the last token on
-    the host, so under one passes are not queued ahead. `cancelled` is asked between prefill
-    chunks: once it says so, the generator ends without a `Prefilled` (the cache then holds part
-    of the prompt only), so a dropped long prompt stops within a chunk.
+    the host, so under one passes are not queued ahead. The sequence's `cancelled` is asked during
+    the prefill, between layers of a long piece (eager.stoppable): once it says so, the generator
+    ends without a `Prefilled` (the cache then holds part of the prompt, some layers' entries
+    only: not to be kept), so a dropped long prompt stops within a layer.
 
     The emitted tokens are those plain decoding with the same selector would emit. After every
     yielded step the cache holds every prompt and emitted token except the last emitted one
@@ -131,10 +131,15 @@ def generate(
 
     with mx.stream(generation_stream):
         for start in range(cached, len(prompt) - 1, PREFILL_CHUNK):
-            if start > cached and cancelled is not None and cancelled():
+            piece = prompt[start : min(start + PREFILL_CHUNK, len(prompt) - 1)]
+            if seq.cancelled is not None and seq.cancelled():  # between pieces too: short ones are not stoppable
                 return
-            forward(prompt[start : min(start + PREFILL_CHUNK, len(prompt) - 1)])
-            mx.eval([c.state for c in cache])
+            try:
+                with stoppable(cache, seq.cancelled, len(piece)):
+                    forward(piece)
+                    mx.eval([c.state for c in cache])
+            except Stopped:
+                return
         yield seq.prefilled()
 
         # A pass is queued behind the one in flight before that one is read (as mlx_lm's

@@ -13,6 +13,7 @@ grammar told). The loops own only their passes: building, queuing, reading and r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 from typing import Sequence as Ids
 
 import mlx.core as mx
@@ -41,7 +42,8 @@ from specgen.structured.grammar import GrammarFailed
 class Sequence:
     """A request's settings and what it has emitted (see the module docstring). `drafter_fed`:
     prompt tokens its drafter was already fed (a server's earlier turn); `off`: why not to
-    speculate, decided by the caller."""
+    speculate, decided by the caller; `cancelled`: asked during its prefill (between layers of a
+    long piece), so that a dropped prompt stops there."""
 
     prompt: list[int]
     drafter: Drafter | None = None
@@ -53,6 +55,7 @@ class Sequence:
     off: str | None = None
     constraint: Constraint | None = None
     drafter_fed: int = 0
+    cancelled: Callable[[], bool] | None = None
     history: list[int] = field(init=False)  # prompt + emitted; its last token is not cached yet
     speculation: Speculation = field(init=False, default=Speculation(False, "not started"))
     drafted: int = field(init=False, default=0)  # the drafter's tokens verified so far...

@@ -279,3 +279,17 @@ def test_a_grid_covers_every_row_count_of_the_batch_and_is_read_back(stories, mo
     more, _ = load_or_measure(stories.model, "m", stories.tokenizer, 12,
                               before_measuring=lambda: measured.append(3))
     assert sorted(more.grid) == [1, 2, 4, 8, 16] and measured == [1, 3]
+
+def test_a_dropped_long_prompt_leaves_the_batch_between_layers_and_the_others_go_on():
+    model = tiny_model("llama", num_hidden_layers=6)
+    asked = []
+    long_prompt = list(range(1, 401))
+    batch = Batch(model, max_rows=2)
+    batch.add("kept", [5, 6, 7], draft=0, max_tokens=6)
+    events = batch.step()  # the short prompt joins and decodes
+    batch.add("dropped", long_prompt, draft=0, max_tokens=6, cancelled=lambda: asked.append(1) or len(asked) >= 3)
+    while batch.busy:
+        events += batch.step()
+    assert len(asked) == 3 and not any(key == "dropped" for key, _ in events)
+    kept = [t for key, e in events if key == "kept" and isinstance(e, Step) for t in e.tokens]
+    assert kept == run(model, [5, 6, 7], draft=0, max_tokens=6)[0]

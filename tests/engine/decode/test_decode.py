@@ -191,3 +191,28 @@ def test_pipelined_speculation_is_plain_decoding_on_real_models(model_name, stor
     assert tokens == plain_tokens(loaded.model, prompt, n)
     assert any(s.queued and s.drafted for s in steps)
     assert all(c.offset == len(prompt) + len(tokens) - 1 for c in cache)
+
+
+class AskedAt:
+    """A `cancelled` that says yes on its `n`-th question (counting them)."""
+
+    def __init__(self, n: int):
+        self.n, self.asked = n, 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.asked >= self.n
+
+
+def test_a_dropped_long_prompt_stops_between_layers_not_after_its_chunk():
+    # A 2048-token chunk of a 7B model's prefill takes seconds; a client that left waits out at
+    # most one layer's share of it. Asked once before the chunk, then once a layer.
+    model = tiny_model("llama", num_hidden_layers=6)
+    prompt = [random.Random(0).randrange(1, 500) for _ in range(600)]
+    asked = AskedAt(4)  # before the chunk, then layers 1 and 2: stopped at the third
+    assert list(generate(model, prompt, max_tokens=4, cancelled=asked)) == []
+    assert asked.asked == 4
+    never = AskedAt(10**9)
+    out = [t for e in generate(model, prompt, max_tokens=4, cancelled=never) if isinstance(e, Step) for t in e.tokens]
+    assert out == plain_tokens(model, prompt, 4)  # asking changes nothing
+    assert never.asked == 1 + 6  # once before its one piece, then once a layer
