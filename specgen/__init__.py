@@ -9,7 +9,8 @@ and every layer may import the base modules here: defaults, errors, settings.
 """
 
 __version__ = "0.1.0"
-_API = ("load", "generate", "stream_generate", "batch_generate", "engine_for", "Response", "SpecgenWarning")
+_API = ("load", "generate", "stream_generate", "batch_generate", "engine_for", "Conversation", "Response",
+        "SpecgenWarning")
 __all__ = [*_API, "__version__"]
 
 

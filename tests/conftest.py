@@ -260,6 +260,19 @@ class Recited(nn.Module):
         return (mx.arange(self.vocab)[None, None, :] == mx.array(rows)[None, :, None]).astype(mx.float32)
 
 
+def save_tiny(arch: str, folder: Path, seed: int = 0) -> Path:
+    """A random-weight model folder that mlx_lm.load accepts, with the stories tokenizer."""
+    from mlx.utils import tree_flatten
+
+    folder.mkdir()
+    model = tiny_model(arch, seed)
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (folder / "config.json").write_text(json.dumps(TINY[arch]))
+    for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]:
+        shutil.copy(registry.bundled_path("stories260K") / f, folder / f)
+    return folder
+
+
 def reciting_engine(folder: Path, messages: list[dict], tools: list[dict], said: str):
     """An engine whose model answers `messages` with `tools` (through TEMPLATE and SmolLM2's
     tokenizer, saved in `folder`) by reciting `said`, then its end-of-turn token."""

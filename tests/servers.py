@@ -15,10 +15,11 @@ from specgen.serve import ServeConfig, make_server
 
 
 @contextlib.contextmanager
-def running(engine, **settings):
-    """Serve `engine` on 127.0.0.1 (a port the OS picks); yields (base URL, the app's worker)."""
+def running(engine, load=None, **settings):
+    """Serve `engine` on 127.0.0.1 (a port the OS picks; `load` loads config.others); yields
+    (base URL, the app's worker)."""
     config = ServeConfig(**{"model_name": "demo", **settings})
-    server = make_server(engine, config, "127.0.0.1", 0, log_level="warning")
+    server = make_server(engine, config, "127.0.0.1", 0, log_level="warning", load=load)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import secrets
 import signal
 import sys
@@ -14,6 +15,7 @@ from typing import Optional
 import typer
 
 from specgen import __version__, defaults
+from specgen.cli import chat as cli_chat
 from specgen.cli import tools as cli_tools
 from specgen.cli.kit import (
     DTYPE_HELP,
@@ -190,8 +192,16 @@ def models(json_out: bool = typer.Option(False, "--json", help="Print the aliase
 @app.command()
 @cli_errors
 def serve(
-    model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
-                              help="Alias from models.toml, Hugging Face repo id, or local folder."),
+    model: Optional[list[str]] = typer.Option(None, "-m", "--model", show_default=False,
+                                              help="Alias from models.toml, Hugging Face repo id, or local folder; "
+                                                   "repeat to serve several (the first is the default, loaded at "
+                                                   "start; the others when first asked for). Default: demo "
+                                                   "(or $SPECGEN_MODEL)."),
+    max_models: int = typer.Option(serve_config.MAX_MODELS, "--max-models",
+                                   help="Models resident at once; the least recently used idle one unloads first."),
+    keep_alive: str = typer.Option("5m", "--keep-alive",
+                                   help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload after each "
+                                        "answer) or -1 (never). Requests may set their own (keep_alive)."),
     host: str = typer.Option(serve_config.HOST, "--host", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(serve_config.PORT, "--port", help="Port to listen on."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
@@ -211,12 +221,13 @@ def serve(
     recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure this model's verify-cost curve again."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No request log lines or notices on stderr."),
 ):
-    """Serve the model over HTTP, speculating: OpenAI's chat and text completions and Responses (Codex),
-    and Anthropic's Messages (Claude Code), with up to --max-batch requests decoded together."""
+    """Serve models over HTTP, speculating: OpenAI's chat and text completions and Responses (Codex),
+    Anthropic's Messages (Claude Code) and Ollama's API, with up to --max-batch requests decoded together."""
     import logging
 
     from specgen.engine.engine import Engine
     from specgen.serve import ServeConfig, make_server, require_extra
+    from specgen.serve.apis.ollama import seconds
 
     require_extra()
     check(max_tokens=max_tokens, draft=draft, dtype=dtype, max_batch=max_batch)
@@ -228,8 +239,19 @@ def serve(
             usage(f"{flag} must be at least 0 (got {value})")
     if launch_group(None, None, memory) is not None:
         fail("serve is not supported under mlx.launch yet")
+    specs = model or [os.environ.get(defaults.MODEL_ENV) or defaults.MODEL]
+    try:
+        keep_alive_s = seconds(keep_alive)
+    except ValueError as e:
+        usage(f"--keep-alive: {e}")
+    if max_models < 1:
+        usage(f"--max-models must be at least 1 (got {max_models})")
+    names = [registry.served_name(m) for m in specs]
+    if len(set(names)) < len(names):
+        usage(f"-m names the same model twice ({', '.join(names)})")
     # before the slow load: it refuses a key no request could send
-    config = ServeConfig(model_name=registry.served_name(model), max_tokens=max_tokens, draft=draft,
+    config = ServeConfig(model_name=names[0], model=specs[0], others=tuple(zip(names[1:], specs[1:])),
+                         max_models=max_models, keep_alive_s=keep_alive_s, max_tokens=max_tokens, draft=draft,
                          memory=memory, api_key=api_key,
                          max_queue=max_queue, max_batch=max_batch, prompt_cache_bytes=prompt_cache_bytes,
                          allowed_origins=tuple(allowed_origins or ()))
@@ -237,14 +259,20 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         say.warn(f"listening on {host} without --api-key: anyone who can reach this machine can use the model")
     logging.basicConfig(format="specgen: %(message)s", level=logging.WARNING if quiet else logging.INFO)
-    engine = Engine.load(model, dtype=dtype, notice=say.warn, progress=say)
-    if draft is None:
-        engine.costs(recalibrate)  # once, before the first request
-    say(f"serving {engine.name} on http://{host}:{port}/v1 (OPENAI_BASE_URL=http://{host}:{port}/v1; "
+
+    def load(spec: str) -> Engine:
+        engine = Engine.load(spec, dtype=dtype, notice=say.warn, progress=say)
+        if draft is None:
+            engine.costs(recalibrate)  # once, before its first request
+        return engine
+
+    engine = load(specs[0])
+    say(f"serving {', '.join(names)} on http://{host}:{port}/v1 (OPENAI_BASE_URL=http://{host}:{port}/v1; "
         f"Ollama's API: OLLAMA_HOST=http://{host}:{port})")
-    make_server(engine, config, host, port, log_level="warning" if quiet else "info").run()
+    make_server(engine, config, host, port, log_level="warning" if quiet else "info", load=load).run()
 
 
+app.command()(cli_chat.chat)
 app.command()(cli_tools.simulate)
 app.command()(cli_tools.bench)
 app.add_typer(cli_tools.cache, name="cache")

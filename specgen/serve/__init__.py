@@ -30,20 +30,21 @@ def require_extra() -> None:
                            "pip install 'specgen[serve]'") from None
 
 
-def make_server(engine, config: ServeConfig, host: str, port: int, *, log_level: str = "info"):
+def make_server(engine, config: ServeConfig, host: str, port: int, *, log_level: str = "info", load=None):
     """A uvicorn server for `engine` (not started): `.run()` serves until Ctrl-C / SIGTERM, after
-    which running and waiting requests are cancelled, the worker stops and the memory is saved."""
+    which running and waiting requests are cancelled, the workers stop and the memory is saved.
+    `load(spec)` loads the other models of `config.others` when first asked for."""
     require_extra()
     import uvicorn
 
     from specgen.serve.app import create_app, error_body
     from specgen.serve.protocol import protocol
 
-    app = create_app(engine, config)
+    app = create_app(engine, config, load)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            app.state.worker.stop_soon()  # streams end now rather than at the grace period's end
+            app.state.models.stop_soon()  # streams end now rather than at the grace period's end
             super().handle_exit(sig, frame)
 
     return Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,

@@ -15,11 +15,13 @@ worker cannot serve. Every route serves any model name (but "") with the loaded 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
+from typing import Callable
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
@@ -46,6 +48,7 @@ from specgen.serve.generation.worker import Worker
 from specgen.serve.limits import BodyLimit
 from specgen.serve.metrics import CONTENT_TYPE as METRICS_TYPE
 from specgen.serve.metrics import Metrics
+from specgen.serve.models import Models, Resident
 from specgen.serve.ollama import ollama_routes
 from specgen.serve.prompting import Splitter, agent_ids, chat_ids, completion_ids, fits
 from specgen.serve.schema import ApiError, Generation, validation_error
@@ -78,26 +81,39 @@ def _worker(engine: Engine, config: ServeConfig) -> Worker:
     return Worker(engine, max_queue=config.max_queue, prompt_cache_bytes=config.prompt_cache_bytes)
 
 
-def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
-    """The server's ASGI app around one loaded engine (its worker starts with the app)."""
-    worker = _worker(engine, config)
+def _no_loader(spec: str) -> Engine:
+    raise ApiError(500, "this server was given its model loaded, and cannot load another", kind="server_error")
+
+
+def create_app(engine: Engine, config: ServeConfig, load: Callable[[str], Engine] | None = None) -> FastAPI:
+    """The server's ASGI app: `engine` is the default model, loaded (its worker starts with the
+    app); the others (config.others) load through `load` when first asked for (models.py)."""
     known = {"draft": config.draft, "memory": config.memory}  # the server's settings every request gets
-    context = engine.loaded.context_length
     started = int(time.time())
+    metrics = Metrics()
+
+    def watch(resident: Resident) -> None:
+        worker = resident.worker
+        metrics.watch(resident.name, running=lambda: worker.in_flight, waiting=lambda: worker.queued)
+
+    models = Models(engine, config.model_name, {config.model_name: config.model, **dict(config.others)},
+                    load=load or _no_loader, worker=lambda e: _worker(e, config), max_models=config.max_models,
+                    keep_alive=config.keep_alive_s, memory=config.memory, on_load=watch,
+                    on_unload=lambda r: metrics.forget(r.name))
+    worker = models.resident[config.model_name].worker
 
     @asynccontextmanager
     async def lifespan(_app):
         worker.start()
+        sweeper = asyncio.create_task(models.sweep())
         try:
             yield
         finally:
-            await run_in_threadpool(worker.stop, 10.0)
-            if config.memory:
-                engine.save_memory()
+            sweeper.cancel()
+            await run_in_threadpool(models.stop, 10.0)
 
     app = FastAPI(title="specgen", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.worker = worker
-    metrics = Metrics(config.model_name, running=lambda: worker.in_flight, waiting=lambda: worker.queued)
+    app.state.worker, app.state.models = worker, models
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, error_body=error_body)
 
     @app.exception_handler(ApiError)
@@ -130,20 +146,24 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"])
 
-    async def answer(request: HttpRequest, ids: list[int], generation: Generation, splitter: Splitter | None,
-                     builder: Builder):
+    async def answer(model: Resident, request: HttpRequest, ids: list[int], generation: Generation,
+                     splitter: Splitter | None, builder: Builder):
         generic = splitter.tools if splitter is not None and splitter.generic else None
         if generation.options.response_format is not None or generic:  # compiled here: the worker gets no bad one
-            generation = await run_in_threadpool(constrained, engine, generation, generic)
-        turn = Turn.submit(engine, worker, ids, generation, splitter, builder.label, metrics)
+            generation = await run_in_threadpool(constrained, model.engine, generation, generic)
+        turn = Turn.submit(model.engine, model.worker, ids, generation, splitter, builder.label,
+                           metrics.of(model.name))
         return await respond(request, turn, builder, generation.stream)
 
     @app.get("/health")
     async def health():
-        state = {"queued": worker.queued, "running": worker.running is not None, "served": worker.served,
-                 "cancelled": worker.cancelled, "failed": worker.failed, "prompt_cache_bytes": worker.prompts.nbytes}
-        if worker.dead is not None:
-            return JSONResponse({"status": "dead", "error": worker.dead, **state}, 503)
+        workers = [r.worker for r in list(models.resident.values())]
+        state = {key: sum(getattr(w, key) for w in workers) for key in ("queued", "served", "cancelled", "failed")}
+        state |= {"running": any(w.running is not None for w in workers),
+                  "prompt_cache_bytes": sum(w.prompts.nbytes for w in workers), "models": list(models.resident)}
+        dead = next((f"{r.name}: {r.worker.dead}" for r in models.resident.values() if r.worker.dead), None)
+        if dead is not None:
+            return JSONResponse({"status": "dead", "error": dead, **state}, 503)
         return {"status": "ok", **state}
 
     @app.get("/metrics")
@@ -151,52 +171,61 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         return Response(metrics.exposition(), media_type=METRICS_TYPE)
 
     @app.get("/v1/models")
-    async def models():
-        # OpenAI's list (data), Anthropic's fields on the same entry, and Codex's `models` (empty:
+    async def listed():
+        # OpenAI's list (data), Anthropic's fields on the same entries, and Codex's `models` (empty:
         # it keeps its own defaults for the name it was given)
-        name = config.model_name
-        entry = {"id": name, "object": "model", "created": started, "owned_by": "specgen", "type": "model",
-                 "display_name": name, "created_at": datetime.fromtimestamp(started, timezone.utc).isoformat()}
-        return {"object": "list", "data": [entry], "has_more": False, "first_id": name, "last_id": name, "models": []}
+        when = datetime.fromtimestamp(started, timezone.utc).isoformat()
+        data = [{"id": name, "object": "model", "created": started, "owned_by": "specgen", "type": "model",
+                 "display_name": name, "created_at": when} for name in models.names()]
+        return {"object": "list", "data": data, "has_more": False, "first_id": data[0]["id"],
+                "last_id": data[-1]["id"], "models": []}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: HttpRequest):
         generation = body.generation(config.max_tokens, **known)
-        ids, tools = await run_in_threadpool(chat_ids, engine, body)
-        builder = ChatBuilder(body.model, chat=True, include_usage=generation.include_usage)
-        splitter = Splitter(engine, ids, tools, one_call=body.parallel_tool_calls is False)
-        return await answer(request, ids, generation, splitter, builder)
+        async with models.claim(body.model) as (model, _):
+            ids, tools = await run_in_threadpool(chat_ids, model.engine, body)
+            builder = ChatBuilder(body.model, chat=True, include_usage=generation.include_usage)
+            splitter = Splitter(model.engine, ids, tools, one_call=body.parallel_tool_calls is False)
+            return await answer(model, request, ids, generation, splitter, builder)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HttpRequest):
         generation = body.generation(config.max_tokens, **known)
-        ids = await run_in_threadpool(completion_ids, engine, body)
-        builder = ChatBuilder(body.model, chat=False, include_usage=generation.include_usage)
-        return await answer(request, ids, generation, None, builder)
+        async with models.claim(body.model) as (model, _):
+            ids = await run_in_threadpool(completion_ids, model.engine, body)
+            builder = ChatBuilder(body.model, chat=False, include_usage=generation.include_usage)
+            return await answer(model, request, ids, generation, None, builder)
 
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: HttpRequest):
-        ids, tools = await run_in_threadpool(agent_ids, engine, *body.conversation())
-        generation = body.generation(len(ids), context, **known)
-        splitter = Splitter(engine, ids, tools, one_call=body.one_tool_call)
-        # max_tokens clamped to the room left: reaching it, the context ended the answer
-        builder = MessageBuilder(body.model, context_bound=generation.options.max_tokens < body.max_tokens)
-        return await answer(request, ids, generation, splitter, builder)
+        async with models.claim(body.model) as (model, _):
+            engine = model.engine
+            ids, tools = await run_in_threadpool(agent_ids, engine, *body.conversation())
+            generation = body.generation(len(ids), engine.loaded.context_length, **known)
+            splitter = Splitter(engine, ids, tools, one_call=body.one_tool_call)
+            # max_tokens clamped to the room left: reaching it, the context ended the answer
+            builder = MessageBuilder(body.model, context_bound=generation.options.max_tokens < body.max_tokens)
+            return await answer(model, request, ids, generation, splitter, builder)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountRequest):
-        ids, _ = await run_in_threadpool(agent_ids, engine, *body.conversation())
-        return {"input_tokens": len(ids)}
+        async with models.claim(body.model) as (model, _):
+            ids, _ = await run_in_threadpool(agent_ids, model.engine, *body.conversation())
+            return {"input_tokens": len(ids)}
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: HttpRequest):
         messages, tools, custom = body.conversation_messages()
-        ids, tools = await run_in_threadpool(agent_ids, engine, messages, tools)
-        generation = body.generation(len(fits(engine, ids, "input")), context, config.max_tokens, **known)
-        builder = ResponseBuilder(body, custom, generation.options.temp)
-        splitter = Splitter(engine, ids, tools, one_call=body.parallel_tool_calls is False)
-        return await answer(request, ids, generation, splitter, builder)
+        async with models.claim(body.model) as (model, _):
+            engine = model.engine
+            ids, tools = await run_in_threadpool(agent_ids, engine, messages, tools)
+            generation = body.generation(len(fits(engine, ids, "input")), engine.loaded.context_length,
+                                         config.max_tokens, **known)
+            builder = ResponseBuilder(body, custom, generation.options.temp)
+            splitter = Splitter(engine, ids, tools, one_call=body.parallel_tool_calls is False)
+            return await answer(model, request, ids, generation, splitter, builder)
 
-    app.include_router(ollama_routes(engine, config, answer, known))
+    app.include_router(ollama_routes(models, config, answer, known))
     return app
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specgen import defaults
-from specgen.errors import SpecgenError
+from specgen.errors import SettingError, SpecgenError
 
 HOST = "127.0.0.1"  # loopback unless told otherwise
 PORT = 8080
@@ -15,6 +15,8 @@ MAX_BATCH = defaults.MAX_BATCH  # requests decoded together (1: one at a time, a
 PROMPT_CACHE_BYTES = 4 << 30  # model caches kept for later turns (mlx-lm's LRUPromptCache)
 MAX_BODY_BYTES = 32 << 20  # a request body over this is a 413 (a 70K-token conversation is ~0.3 MB)
 MAX_HEAD_BYTES = 64 << 10  # a request line and headers over this are a 431
+MAX_MODELS = 3  # models resident at once (Ollama's default on one GPU); the least recently used idle one unloads
+KEEP_ALIVE_S = 300.0  # Ollama's five minutes idle before a model unloads (None: never)
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,10 @@ class ServeConfig:
     """What `specgen serve` was started with (request fields override per request)."""
 
     model_name: str  # what /v1/models lists and requests name
+    model: str | None = None  # how to load it again once unloaded (None: it stays resident)
+    others: tuple[tuple[str, str], ...] = ()  # (name, how to load it): loaded when first asked for
+    max_models: int = MAX_MODELS
+    keep_alive_s: float | None = KEEP_ALIVE_S
     max_tokens: int = defaults.MAX_TOKENS  # for requests that set no max_tokens
     draft: int | None = None  # as `run --draft`: None adaptive, 0 plain decoding
     memory: bool = False  # learn every response into the model's memory, and draft from it
@@ -34,6 +40,13 @@ class ServeConfig:
     allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if self.max_models < 1:
+            raise SettingError("max_models", "must be at least 1", self.max_models)
+        if self.keep_alive_s is not None and self.keep_alive_s < 0:
+            raise SettingError("keep_alive", "must be at least 0 seconds (or None: never unload)", self.keep_alive_s)
+        names = [self.model_name, *(n for n, _ in self.others)]
+        if len(set(names)) < len(names):
+            raise SettingError("model", "names the same model twice", names)
         key = self.api_key
         # HTTP headers carry ASCII, and their ends' spaces are trimmed: any other key never matches
         if key is not None and not (key and key.isascii() and key.isprintable() and key == key.strip()):

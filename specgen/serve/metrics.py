@@ -12,6 +12,8 @@ whole request. Gauges read the worker when scraped: requests running and waiting
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -31,11 +33,11 @@ E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class Metrics:
-    """One server's metrics (a registry of its own, so that servers in one process do not mix)."""
+    """One server's metrics (a registry of its own, so that servers in one process do not mix):
+    `of(model)` is what a model's requests report to, `watch` / `forget` its gauges."""
 
-    def __init__(self, model_name: str, running, waiting):
+    def __init__(self):
         self.registry = CollectorRegistry()
-        self.model = model_name
 
         def counter(name: str, doc: str, *labels: str) -> Counter:
             return Counter(f"specgen:{name}", doc, ["model_name", *labels], registry=self.registry)
@@ -57,33 +59,56 @@ class Metrics:
         self.tpot = histogram("time_per_output_token_seconds", "Decoding time per token after the first",
                               TPOT_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "From arrival to the last token", E2E_BUCKETS)
-        for name, doc, read in (("num_requests_running", "Requests being generated", running),
-                                ("num_requests_waiting", "Requests queued", waiting)):
-            Gauge(f"specgen:{name}", doc, ["model_name"], registry=self.registry).labels(model_name).set_function(read)
+        self.running = Gauge("specgen:num_requests_running", "Requests being generated", ["model_name"],
+                             registry=self.registry)
+        self.waiting = Gauge("specgen:num_requests_waiting", "Requests queued", ["model_name"], registry=self.registry)
 
-    def first_token(self, seconds: float) -> None:
-        self.ttft.labels(self.model).observe(seconds)
+    def of(self, model: str) -> ModelMetrics:
+        return ModelMetrics(self, model)
 
-    def finished(self, stats: RunStats, reason: str, generated: int, seconds: float) -> None:
-        """A request that ran to its end: its counts, its finish reason, its latencies."""
-        m, c = self.model, stats.counts
-        self.prompt_tokens.labels(m).inc(stats.prompt_tokens)
-        self.generation_tokens.labels(m).inc(generated)
-        self.requests.labels(m, reason).inc()
-        self.drafts.labels(m).inc(c.drafts)
-        self.draft_tokens.labels(m).inc(c.drafted)
-        self.accepted.labels(m).inc(c.accepted)
-        for position in range(1, len(c.histogram)):  # steps accepting k drafts accepted positions 0..k-1
-            self.accepted_at.labels(m, str(position - 1)).inc(sum(c.histogram[position:]))
-        self.cache_queries.labels(m).inc(stats.prompt_tokens)
-        self.cache_hits.labels(m).inc(stats.cached_tokens)
-        if generated > 1:
-            self.tpot.labels(m).observe(stats.decode_s / (generated - 1))
-        self.e2e.labels(m).observe(seconds)
+    def watch(self, model: str, running: Callable[[], float], waiting: Callable[[], float]) -> None:
+        """A resident model's gauges, read when scraped."""
+        self.running.labels(model).set_function(running)
+        self.waiting.labels(model).set_function(waiting)
 
-    def ended(self, reason: str) -> None:
-        """A request that did not finish: `abort` (its client left) or `error`."""
-        self.requests.labels(self.model, reason).inc()
+    def forget(self, model: str) -> None:
+        """An unloaded model's gauges go (its counters stay: they count what it did)."""
+        for gauge in (self.running, self.waiting):
+            try:
+                gauge.remove(model)
+            except KeyError:
+                pass
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ModelMetrics(NamedTuple):
+    """What one model's requests report to."""
+
+    metrics: Metrics
+    model: str
+
+    def first_token(self, seconds: float) -> None:
+        self.metrics.ttft.labels(self.model).observe(seconds)
+
+    def finished(self, stats: RunStats, reason: str, generated: int, seconds: float) -> None:
+        """A request that ran to its end: its counts, its finish reason, its latencies."""
+        m, c, x = self.model, stats.counts, self.metrics
+        x.prompt_tokens.labels(m).inc(stats.prompt_tokens)
+        x.generation_tokens.labels(m).inc(generated)
+        x.requests.labels(m, reason).inc()
+        x.drafts.labels(m).inc(c.drafts)
+        x.draft_tokens.labels(m).inc(c.drafted)
+        x.accepted.labels(m).inc(c.accepted)
+        for position in range(1, len(c.histogram)):  # steps accepting k drafts accepted positions 0..k-1
+            x.accepted_at.labels(m, str(position - 1)).inc(sum(c.histogram[position:]))
+        x.cache_queries.labels(m).inc(stats.prompt_tokens)
+        x.cache_hits.labels(m).inc(stats.cached_tokens)
+        if generated > 1:
+            x.tpot.labels(m).observe(stats.decode_s / (generated - 1))
+        x.e2e.labels(m).observe(seconds)
+
+    def ended(self, reason: str) -> None:
+        """A request that did not finish: `abort` (its client left) or `error`."""
+        self.metrics.requests.labels(self.model, reason).inc()

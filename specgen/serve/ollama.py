@@ -2,21 +2,20 @@
 `GET|HEAD /` ("Ollama is running"), `/api/version`, `/api/tags`, `/api/show`, `/api/ps`,
 `/api/chat` and `/api/generate` (NDJSON streams by default; `"stream": false` one object).
 
-The served model is named `NAME:latest` (NAME its alias or folder name, case kept) and every
-route takes the name with or without the tag; another name is Ollama's 404. An empty `messages`
-or `prompt` loads nothing new and answers `done_reason: "load"`, as Ollama does. `/api/version`
-answers the Ollama release whose API this follows (OLLAMA_VERSION), so that clients gating
-features on it (tools, structured outputs, `think`) offer them. `keep_alive` is checked and, as
-`specgen serve` keeps its one model resident for its lifetime, said in the log once.
+Each served model is named `NAME:latest` (NAME its alias or folder name, case kept) and every
+route takes the name with or without the tag; another name is Ollama's 404. A request loads its
+model if it is not resident (models.py; its `load_duration` says how long it waited) and its
+`keep_alive` sets how long the model stays once idle. An empty `messages` or `prompt` only loads
+the model and answers `done_reason: "load"`, as Ollama does. `/api/version` answers the Ollama
+release whose API this follows (OLLAMA_VERSION), so that clients gating features on it (tools,
+structured outputs, `think`) offer them.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import logging
-import re
 import time
+from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
 from fastapi import APIRouter
@@ -25,15 +24,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
 from specgen.engine.engine import Engine
-from specgen.serve.apis.ollama import TAG, ChatRequest, GenerateRequest, ShowRequest, base_name
+from specgen.serve.apis.ollama import TAG, ChatRequest, GenerateRequest, ShowRequest, keep_alive
 from specgen.serve.apis.ollama_stream import OllamaBuilder, now_iso
 from specgen.serve.config import ServeConfig
-from specgen.serve.prompting import Splitter, chat_ids, fits, template_ids, text_ids
-from specgen.serve.schema import ApiError, bad
+from specgen.serve.models import Models
+from specgen.serve.prompting import Splitter, chat_ids, fits, template_ids, templated, text_ids
+from specgen.serve.schema import bad
 
-DURATION = re.compile(r"-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|-?\d+(\.\d+)?")  # Go's, or seconds
 OLLAMA_VERSION = "0.12.0"  # the API followed: tool calls streamed, `format` schemas, `think`
-_log = logging.getLogger("specgen.serve")
 Answer = Callable[..., Awaitable[object]]
 
 
@@ -65,24 +63,27 @@ def _short(count: int) -> str:
     return str(count)
 
 
-def ollama_routes(engine: Engine, config: ServeConfig, answer: Answer, known: dict) -> APIRouter:
-    """The router of Ollama's API for `engine`; `answer` queues a generation as the other routes
+def ollama_routes(models: Models, config: ServeConfig, answer: Answer, known: dict) -> APIRouter:
+    """The router of Ollama's API over `models`; `answer` queues a generation as the other routes
     do (app.py), `known` are the server's settings every request gets."""
     router = APIRouter()
-    model = describe(engine, config.model_name)
-    entry = {k: v for k, v in model.items() if k != "parameter_count"}
-    context = engine.loaded.context_length
     started = now_iso()
-    tools_too = bool(engine.loaded.spec.chat_template and getattr(engine.loaded.tokenizer, "has_chat_template", False))
+    described: dict[str, dict] = {}  # kept after a model unloads: /api/tags still shows its size
 
-    def served(name: str) -> str:
-        if base_name(name) != config.model_name:
-            raise ApiError(404, f"model '{name}' not found", kind="not_found_error")
-        return name
+    def entry(name: str) -> dict:
+        resident = models.resident.get(name)
+        if resident is not None and name not in described:
+            described[name] = describe(resident.engine, name)
+        found = described.get(name) or {"name": f"{name}:{TAG}", "model": f"{name}:{TAG}", "size": 0,
+                                        "digest": hashlib.sha256(name.encode()).hexdigest(), "details": {}}
+        return {k: v for k, v in found.items() if k != "parameter_count"}
 
     def loaded(name: str, chat: bool) -> dict:
         reply = {"model": name, "created_at": now_iso(), "done_reason": "load", "done": True}
         return {**reply, "message": {"role": "assistant", "content": ""}} if chat else {**reply, "response": ""}
+
+    def claim(body):
+        return models.claim(body.model, any_name=False, keep_alive=keep_alive(body.keep_alive))
 
     @router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
     async def running():
@@ -94,49 +95,60 @@ def ollama_routes(engine: Engine, config: ServeConfig, answer: Answer, known: di
 
     @router.get("/api/tags")
     async def tags():
-        return {"models": [{**entry, "modified_at": started}]}
+        return {"models": [{**entry(name), "modified_at": started} for name in models.names()]}
 
     @router.get("/api/ps")
     async def ps():
-        return {"models": [{**entry, "expires_at": "2318-01-01T00:00:00Z", "size_vram": entry["size"],
-                            "context_length": context}]}
+        out = []
+        for name, resident in list(models.resident.items()):
+            expires = resident.expires
+            until = "2318-01-01T00:00:00Z" if expires is None else \
+                datetime.fromtimestamp(time.time() + expires - time.monotonic(), timezone.utc).isoformat()
+            found = entry(name)
+            out.append({**found, "expires_at": until, "size_vram": found["size"],
+                        "context_length": resident.engine.loaded.context_length})
+        return {"models": out}
 
     @router.post("/api/show")
     async def show(body: ShowRequest):
-        served(body.which())
-        arch = entry["details"]["family"]
-        template = getattr(engine.loaded.tokenizer, "chat_template", None) if tools_too else None
-        info = {"general.architecture": arch, "general.parameter_count": model["parameter_count"]}
+        async with models.claim(body.which(), any_name=False) as (resident, _):
+            engine = resident.engine
+            found = describe(engine, resident.name)
+        tools = templated(engine)
+        arch, context = found["details"]["family"], engine.loaded.context_length
+        info = {"general.architecture": arch, "general.parameter_count": found["parameter_count"]}
         if context is not None:
             info[f"{arch}.context_length"] = context
-        return {"modelfile": f"# served by specgen\nFROM {config.model_name}\n", "parameters": "",
-                "template": template or "", "details": entry["details"], "model_info": info,
-                "capabilities": ["completion"] + (["tools"] if tools_too else []), "modified_at": started}
+        return {"modelfile": f"# served by specgen\nFROM {resident.name}\n", "parameters": "",
+                "template": (getattr(engine.loaded.tokenizer, "chat_template", None) or "") if tools else "",
+                "details": found["details"], "model_info": info,
+                "capabilities": ["completion"] + (["tools"] if tools else []), "modified_at": started}
 
     @router.post("/api/chat")
     async def chat(body: ChatRequest, request: HttpRequest):
         arrived = time.perf_counter()
-        served(body.model)
-        _keep_alive(body.keep_alive)
-        if not body.messages:
-            return loaded(body.model, chat=True)
-        ids, tools = await run_in_threadpool(chat_ids, engine, body)
-        generation = body.generation(len(ids), context, config.max_tokens, **known)
-        return await answer(request, ids, generation, Splitter(engine, ids, tools),
-                            OllamaBuilder(body.model, chat=True, arrived=arrived))
+        async with claim(body) as (resident, load_s):
+            if not body.messages:
+                return loaded(body.model, chat=True)
+            engine = resident.engine
+            ids, tools = await run_in_threadpool(chat_ids, engine, body)
+            generation = body.generation(len(ids), engine.loaded.context_length, config.max_tokens, **known)
+            return await answer(resident, request, ids, generation, Splitter(engine, ids, tools),
+                                OllamaBuilder(body.model, chat=True, arrived=arrived, load_s=load_s))
 
     @router.post("/api/generate")
     async def generate(body: GenerateRequest, request: HttpRequest):
         arrived = time.perf_counter()
-        served(body.model)
-        _keep_alive(body.keep_alive)
         body.refuse()
-        if not body.prompt:  # as Ollama: an empty prompt only loads the model, whatever context it has
-            return loaded(body.model, chat=False)
-        ids = await run_in_threadpool(_generate_ids, engine, body)
-        generation = body.generation(len(ids), context, config.max_tokens, **known)
-        return await answer(request, ids, generation, None,
-                            OllamaBuilder(body.model, chat=False, arrived=arrived, prompt_ids=ids))
+        async with claim(body) as (resident, load_s):
+            if not body.prompt:  # as Ollama: an empty prompt only loads the model, whatever context it has
+                return loaded(body.model, chat=False)
+            engine = resident.engine
+            ids = await run_in_threadpool(_generate_ids, engine, body)
+            generation = body.generation(len(ids), engine.loaded.context_length, config.max_tokens, **known)
+            return await answer(resident, request, ids, generation, None,
+                                OllamaBuilder(body.model, chat=False, arrived=arrived, prompt_ids=ids,
+                                              load_s=load_s))
 
     return router
 
@@ -153,17 +165,3 @@ def _generate_ids(engine: Engine, body: GenerateRequest) -> list[int]:
             raise bad("context", f"holds token ids outside the vocabulary (0 to {vocab - 1})")
         ids = list(body.context) + ids
     return fits(engine, ids, "prompt")
-
-
-def _keep_alive(value) -> None:
-    """`keep_alive` is a duration ("5m", "1h", seconds, -1, 0); the one served model stays resident."""
-    if value is None or value == "":
-        return
-    if isinstance(value, str) and not DURATION.fullmatch(value):
-        raise bad("keep_alive", f"is not a duration (got {value!r}): write 5m, 1h, 30s, a number of seconds or -1")
-    _resident_once()
-
-
-@functools.cache
-def _resident_once() -> None:
-    _log.info("keep_alive: specgen serve keeps its model loaded for its lifetime, whatever keep_alive asks")

@@ -33,7 +33,7 @@ def chat_ids(engine: Engine, req: ChatRequest | OllamaChat) -> tuple[list[int], 
     """The conversation's token ids, through the chat template, and the tools it was given (chat
     completions' and Ollama's chat: the same prompt for the same conversation)."""
     messages, tools = req.conversation()
-    if tools and not _templated(engine):
+    if tools and not templated(engine):
         raise bad("tools", f"{engine.name} has no tool-calling format, nor a chat template to describe "
                            "tools in: send them in the prompt instead")
     ids, tools = agent_ids(engine, messages, tools, continue_last=False)
@@ -43,7 +43,7 @@ def chat_ids(engine: Engine, req: ChatRequest | OllamaChat) -> tuple[list[int], 
 def can_call(engine: Engine) -> bool:
     """Whether the model has a tool-calling format mlx-lm knows (chat template and parser)."""
     tokenizer = engine.loaded.tokenizer
-    return bool(_templated(engine) and tokenizer.has_tool_calling)
+    return bool(templated(engine) and tokenizer.has_tool_calling)
 
 
 def template_ids(engine: Engine, messages: list[dict], tools: list[dict] | None,
@@ -55,7 +55,7 @@ def template_ids(engine: Engine, messages: list[dict], tools: list[dict] | None,
     go_on = continue_last and bool(messages) and messages[-1].get("role") == "assistant"
     try:
         engine.check_fits(text_chars(messages), "the conversation")  # before tokenizing it
-        if _templated(engine):
+        if templated(engine):
             return list(engine.loaded.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=not go_on, continue_final_message=go_on))
         return engine.encode(messages)
@@ -72,7 +72,7 @@ def agent_ids(engine: Engine, messages: list[dict], tools: list[dict] | None,
     model with no chat template gets none and answers in text (logged once: agents send their
     tools with every request). A trailing assistant message is continued (`continue_last`: as
     Messages and Responses do; chat completions answer after it, as mlx_lm.server does)."""
-    if tools and not _templated(engine):
+    if tools and not templated(engine):
         _without_tools(engine.name)
         tools = None
     if tools and not can_call(engine):
@@ -85,7 +85,9 @@ def _without_tools(name: str) -> None:
     _log.warning("%s has no chat template: tools are left out of its prompts", name)
 
 
-def _templated(engine: Engine) -> bool:
+def templated(engine: Engine) -> bool:
+    """Whether the model has a chat template (so tools can be offered to it, in its own format or
+    the generic one)."""
     return bool(engine.loaded.spec.chat_template and getattr(engine.loaded.tokenizer, "has_chat_template", False))
 
 

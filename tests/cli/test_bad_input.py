@@ -151,6 +151,9 @@ def test_a_damaged_calibration_entry_is_measured_again(tmp_path, entry):
     (["simulate", "--overlap", "-0.1", "f.jsonl"], "--overlap must be at least 0 and below 1"),
     (["bench", "--repeats", "0"], "--repeats must be at least 1"),
     (["serve", "--max-batch", "0"], "--max-batch must be at least 1 (got 0)"),
+    (["serve", "--max-models", "0"], "--max-models must be at least 1 (got 0)"),
+    (["serve", "--keep-alive", "soon"], "--keep-alive: 'soon' is not a duration"),
+    (["serve", "-m", "demo", "-m", "demo"], "-m names the same model twice (demo, demo)"),
 ])
 def test_out_of_range_settings_exit_2_naming_the_flag(tmp_path, args, message):
     # A usage error, as click's type errors are (`-n nan`): they exited 1 while those exited 2.

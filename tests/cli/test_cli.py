@@ -1,13 +1,10 @@
 import json
 import os
-import shutil
 import subprocess
 import sys
 
-import mlx.core as mx
 import pytest
-from conftest import TINY, tiny_model
-from mlx.utils import tree_flatten
+from conftest import save_tiny
 from typer.testing import CliRunner
 
 from specgen.cli.commands import app
@@ -169,19 +166,9 @@ def test_ctrl_c_prints_partial_text_and_stats_and_exits_130(monkeypatch):
     assert r.stdout.startswith(", there was") and "stop: interrupted" in r.stderr
 
 
-def _save_tiny(arch, folder):
-    """A random-weight model folder that mlx_lm.load accepts, with the stories tokenizer."""
-    folder.mkdir()
-    model = tiny_model(arch)
-    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (folder / "config.json").write_text(json.dumps(TINY[arch]))
-    for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]:
-        shutil.copy(registry.bundled_path("stories260K") / f, folder / f)
-
-
 @pytest.mark.parametrize("arch", ["mamba", "qwen3_next"])
 def test_a_model_with_state_caches_speculates_by_restoring_them(tmp_path, arch):
-    _save_tiny(arch, tmp_path / arch)
+    save_tiny(arch, tmp_path / arch)
     # A fixed draft length: the auto drafter's curve of a tiny model on a busy CI machine may be
     # steep enough to turn speculation off, and this test is about the rollback, not the curve.
     spec = invoke(["run", "-m", str(tmp_path / arch), "-n", "30", "--json", "--draft", "4", ONCE])

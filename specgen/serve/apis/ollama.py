@@ -15,6 +15,7 @@ so are `template`, `suffix` and thinking on. Errors are Ollama's `{"error": "...
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal, Optional, Union
 
 from pydantic import Field
@@ -37,6 +38,7 @@ from specgen.serve.schema import (
 )
 from specgen.structured.formats import Format, parse
 
+DURATION = re.compile(r"-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|-?\d+(\.\d+)?")  # Go's, or seconds
 TAG = "latest"  # what /api/tags appends to a model's name; every route takes the name with or without it
 # Options that place or pace the work but leave the text as it is: accepted, whatever their value.
 PLACEMENT = ("num_keep", "num_batch", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "num_thread", "numa",
@@ -242,3 +244,28 @@ def arguments(call: dict) -> dict:
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def seconds(value: str | float) -> float | None:
+    """A keep-alive as seconds: Go's durations ("5m", "1h30m") or a number of seconds; negative:
+    None (never unload). ValueError for anything else."""
+    if isinstance(value, str):
+        if not DURATION.fullmatch(value):
+            raise ValueError(f"{value!r} is not a duration: write 5m, 1h, 30s, a number of seconds or -1")
+        sign = -1 if value.startswith("-") else 1
+        parts = re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)?", value.lstrip("-"))
+        value = sign * sum(float(n) * UNITS[unit or "s"] for n, unit in parts)
+    return None if value < 0 else float(value)
+
+
+def keep_alive(value) -> float | None | str:
+    """A request's `keep_alive` as seconds (None: never unload); "server" where it sets none."""
+    if value is None or value == "":
+        return "server"
+    try:
+        return seconds(value)
+    except ValueError as e:
+        raise bad("keep_alive", f"is not a duration ({e})") from None

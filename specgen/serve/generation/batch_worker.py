@@ -16,7 +16,7 @@ from __future__ import annotations
 from specgen.engine.batch.streams import Streams
 from specgen.engine.engine import Engine
 from specgen.events import Failed
-from specgen.serve.generation.worker import Finished, Job, Prepared, Started, Worker
+from specgen.serve.generation.worker import DEVICE, Finished, Job, Prepared, Started, Worker
 
 
 class BatchWorker(Worker):
@@ -40,11 +40,12 @@ class BatchWorker(Worker):
                 admitted = []
                 while self._jobs and len(self.streams) + len(admitted) <= self.max_batch:
                     admitted.append(self._jobs.popleft())
-            for job in admitted:
-                self._admit(job)
-            self._drop_cancelled()
-            if self.streams.busy:
-                self._step()
+            with DEVICE:
+                for job in admitted:
+                    self._admit(job)
+                self._drop_cancelled()
+                if self.streams.busy:
+                    self._step()
             self.running = next(iter(self.active.values()))[0] if self.active else None
 
     def _holding(self) -> list[Job]:

@@ -27,7 +27,7 @@ from fastapi.responses import StreamingResponse
 from specgen.engine.engine import Engine, Response
 from specgen.errors import SettingError, SpecgenError
 from specgen.serve.generation.worker import Finished, Job, Started, Worker, stopping_error
-from specgen.serve.metrics import Metrics
+from specgen.serve.metrics import ModelMetrics
 from specgen.serve.prompting import Parts, Splitter
 from specgen.serve.schema import ApiError, Generation, setting_error
 
@@ -74,7 +74,7 @@ class Turn:
     """One request's job on the worker, and the pieces of the message it generates."""
 
     def __init__(self, engine: Engine, ids: list[int], generation: Generation, splitter: Splitter | None,
-                 label: str, metrics: Metrics | None = None):
+                 label: str, metrics: ModelMetrics | None = None):
         self.engine, self.splitter, self.label, self.metrics = engine, splitter, label, metrics
         self.arrived, self._first = time.perf_counter(), True
         loop = asyncio.get_running_loop()
@@ -84,7 +84,7 @@ class Turn:
 
     @classmethod
     def submit(cls, engine: Engine, worker: Worker, ids: list[int], generation: Generation,
-               splitter: Splitter | None, label: str, metrics: Metrics | None = None) -> Turn:
+               splitter: Splitter | None, label: str, metrics: ModelMetrics | None = None) -> Turn:
         """Queue the generation (ApiError 429 / 503 when the worker cannot take it); its figures
         go to `metrics` as it ends."""
         turn = cls(engine, ids, generation, splitter, label, metrics)

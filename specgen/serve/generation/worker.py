@@ -26,6 +26,9 @@ from specgen.serve.schema import ApiError
 from specgen.stats import RunStats
 
 _log = logging.getLogger("specgen.serve")
+# The device, one generation thread at a time: a server's models each have a worker, and they
+# take turns (a job at a time, a batch step at a time), as a loading model's calibration does.
+DEVICE = threading.Lock()
 
 
 class Started(NamedTuple):
@@ -171,7 +174,8 @@ class Worker:
                     return
                 job = self.running = self._jobs.popleft()
             try:
-                self._serve(job)
+                with DEVICE:
+                    self._serve(job)
             except Exception as e:  # this request's failure, reported to it alone
                 self._failed(job, e)
             self.running = None

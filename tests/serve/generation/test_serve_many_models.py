@@ -1,0 +1,116 @@
+"""Several models on one server: each answers by name with its own text, loads when first asked
+for (its wait in `load_duration`), unloads after its keep-alive or when --max-models needs room
+(the least recently used idle one, never one in flight), and a model that cannot load is that
+request's error alone."""
+
+import gc
+import threading
+import time
+import weakref
+
+import httpx
+import ollama
+import pytest
+from conftest import save_tiny
+from servers import client, running
+
+from specgen.engine.engine import Engine, Request
+from specgen.engine.options import Options
+
+ONCE = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory) -> str:
+    """A random-weight llama with the demo's tokenizer: its own text for any prompt."""
+    return str(save_tiny("llama", tmp_path_factory.mktemp("models") / "other", seed=3))
+
+
+def alone(spec: str, prompt: str, n: int) -> str:
+    engine = Engine.load(spec)
+    return "".join(r.text for r in engine.stream(Request(engine.loaded.tokenizer.encode(prompt),
+                                                         Options(max_tokens=n, draft=0))))
+
+
+class Loads:
+    """A loader that counts its loads and keeps a weak reference to what it loaded."""
+
+    def __init__(self):
+        self.specs, self.loaded = [], []
+
+    def __call__(self, spec: str) -> Engine:
+        self.specs.append(spec)
+        engine = Engine.load(spec)
+        self.loaded.append(weakref.ref(engine.loaded.model))
+        return engine
+
+
+def ps(url: str) -> list[str]:
+    return [m.model for m in ollama.Client(host=url).ps().models]
+
+
+def test_each_model_answers_by_name_loaded_when_first_asked_for(demo_engine, other):
+    loads = Loads()
+    with running(demo_engine, load=loads, model="demo", others=(("other", other),)) as (url, _):
+        c = ollama.Client(host=url)
+        assert [m.model for m in c.list().models] == ["demo:latest", "other:latest"]
+        assert [m.id for m in client(url).models.list().data] == ["demo", "other"]
+        assert ps(url) == ["demo:latest"] and loads.specs == []
+        # two requests at once for a model not loaded yet: one load, both wait for it
+        got = {}
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, c.generate(
+            model="other", prompt=ONCE, raw=True, options={"num_predict": 12}))) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert loads.specs == [other] and got[0].response == got[1].response == alone(other, ONCE, 12)
+        assert max(g.load_duration for g in got.values()) > 0
+        again = c.generate(model="other:latest", prompt=ONCE, raw=True, options={"num_predict": 12})
+        assert again.load_duration == 0 and again.response == got[0].response
+        assert got[0].response != c.generate(model="demo", prompt=ONCE, raw=True, options={"num_predict": 12}).response
+        assert sorted(ps(url)) == ["demo:latest", "other:latest"]
+        # OpenAI's routes: a served model by name, any other name the default
+        named = client(url).completions.create(model="other", prompt=ONCE, max_tokens=12).choices[0].text
+        default = client(url).completions.create(model="gpt-4o", prompt=ONCE, max_tokens=12).choices[0].text
+        assert named == got[0].response and default == alone("demo", ONCE, 12)
+        health = httpx.get(f"{url}/health").json()
+        assert health["status"] == "ok" and sorted(health["models"]) == ["demo", "other"]
+
+
+def test_max_models_unloads_the_least_recently_used_and_the_memory_goes(demo_engine, other):
+    loads = Loads()
+    with running(demo_engine, load=loads, model="demo", others=(("other", other),), max_models=1) as (url, _):
+        c = ollama.Client(host=url)
+        assert c.generate(model="other", prompt=ONCE, raw=True, options={"num_predict": 4}).eval_count == 4
+        assert ps(url) == ["other:latest"]  # demo unloaded to make room
+        reloaded = c.generate(model="demo", prompt=ONCE, raw=True, options={"num_predict": 4})
+        assert ps(url) == ["demo:latest"] and reloaded.load_duration > 0 and loads.specs == [other, "demo"]
+        gc.collect()
+        assert loads.loaded[0]() is None  # nothing holds the unloaded model's weights
+
+
+def test_keep_alive_zero_unloads_after_the_answer_and_minus_one_never(demo_engine, other):
+    with running(demo_engine, load=Loads(), model="demo", others=(("other", other),),
+                 keep_alive_s=None) as (url, _):
+        c = ollama.Client(host=url)
+        c.generate(model="other", prompt=ONCE, raw=True, options={"num_predict": 4}, keep_alive=0)
+        deadline = time.monotonic() + 10
+        while "other:latest" in ps(url) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ps(url) == ["demo:latest"]  # the server's keep-alive (never) holds the default
+        c.generate(model="other", prompt=ONCE, raw=True, options={"num_predict": 4}, keep_alive="-1")
+        (kept,) = [m for m in c.ps().models if m.model == "other:latest"]
+        assert kept.expires_at.year > 2100
+        time.sleep(1)
+        assert "other:latest" in ps(url)
+
+
+def test_a_model_that_cannot_load_is_that_requests_error(demo_engine, tmp_path):
+    with running(demo_engine, load=Loads(), model="demo", others=(("broken", str(tmp_path / "nothing")),)) as (url, _):
+        r = httpx.post(f"{url}/api/generate", json={"model": "broken", "prompt": ONCE}, timeout=30)
+        assert r.status_code == 500 and "model 'broken' could not be loaded" in r.json()["error"], r.text
+        r = httpx.post(f"{url}/v1/completions", json={"model": "broken", "prompt": ONCE, "max_tokens": 2})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        ok = ollama.Client(host=url).generate(model="demo", prompt=ONCE, raw=True, options={"num_predict": 4})
+        assert ok.eval_count == 4 and httpx.get(f"{url}/health").status_code == 200
