@@ -128,8 +128,9 @@ def test_piped_lines_are_turns_answered_one_after_another(tmp_path):
     assert bad.returncode == 2 and "--temp" in bad.stderr  # as run's
 
 
-def conversation_matches_fresh_runs(engine: Engine, questions: list[str], tmp_path) -> None:
-    talk = Conversation(engine, Options(max_tokens=24))
+def conversation_matches_fresh_runs(engine: Engine, questions: list[str], tmp_path, n: int = 24,
+                                    prompts_file: bool = True) -> None:
+    talk = Conversation(engine, Options(max_tokens=n))
     fresh_lines, previous = [], 0
     for q in questions:
         stats = RunStats()
@@ -137,26 +138,31 @@ def conversation_matches_fresh_runs(engine: Engine, questions: list[str], tmp_pa
         messages = talk.messages  # the turns so far, this one's answer last
         alone = RunStats()
         ids = engine.encode(messages[:-1])
-        list(engine.stream(Request(ids, Options(max_tokens=24)), alone))
+        list(engine.stream(Request(ids, Options(max_tokens=n)), alone))
         assert stats.output_ids == alone.output_ids and answer == messages[-1]["content"]
         if len(messages) > 2:  # the earlier turns were not prefilled again
             assert stats.cached_tokens >= previous, (stats.cached_tokens, previous)
         previous = len(ids) - 1  # what the next turn's cache holds at least: this prompt
         fresh_lines.append(json.dumps({"id": str(len(fresh_lines)), "messages": messages[:-1]}))
+    if not prompts_file:
+        return
     prompts = tmp_path / "turns.jsonl"
     prompts.write_text("\n".join(fresh_lines) + "\n")
     env = {"HF_HUB_OFFLINE": "1"}
-    r = CliRunner().invoke(app, ["run", "-m", engine.loaded.spec.name, "-n", "24", "--prompts", str(prompts)], env=env)
+    r = CliRunner().invoke(app, ["run", "-m", engine.loaded.spec.name, "-n", str(n), "--batch", "1", "--prompts", str(prompts)], env=env)
     assert r.exit_code == 0, r.output
     texts = [json.loads(line)["text"] for line in r.stdout.splitlines()]
     assert texts == [m["content"] for m in talk.messages if m["role"] == "assistant"]
 
 
+@pytest.mark.usefixtures("quick_calibration")
 def test_a_conversations_greedy_answers_are_fresh_runs_token_for_token(demo_engine, tmp_path):
     conversation_matches_fresh_runs(demo_engine, [ONCE, "The little dog", "Tom and Sue went"], tmp_path)
 
 
 @needs_smollm2
+@pytest.mark.usefixtures("quick_calibration")
 def test_on_a_chat_model_too(smollm2_engine, tmp_path):
+    # (the prompts file's path is the demo's test: here the chat template's turns, fresh runs by the engine)
     conversation_matches_fresh_runs(smollm2_engine, ["Name three colours.", "And three animals?",
-                                                     "Which of them is largest?"], tmp_path)
+                                                     "Which of them is largest?"], tmp_path, n=6, prompts_file=False)
