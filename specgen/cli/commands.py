@@ -275,6 +275,7 @@ def serve(
 app.command()(cli_chat.chat)
 app.command()(cli_tools.simulate)
 app.command()(cli_tools.bench)
+app.command()(cli_tools.ps)
 app.add_typer(cli_tools.cache, name="cache")
 
 

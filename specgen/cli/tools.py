@@ -219,3 +219,35 @@ def cache_clear(
     curves = 0 if memory_only else forget_curves(key)
     sys.stdout.write(f"removed {len(removed)} memory file(s) and {curves} calibration curve(s)"
                      + (f" of {key}" if key else "") + "\n")
+
+
+@cli_errors
+def ps(
+    url: str = typer.Option("http://127.0.0.1:8080", "--url", help="The running server (specgen serve)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECGEN_API_KEY", show_default=False,
+                                          help="Its --api-key, if it has one."),
+    json_out: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
+):
+    """What a running `specgen serve` holds: its resident models, their size and when each unloads."""
+    from specgen.serve import require_extra
+
+    require_extra()
+    import httpx
+
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/api/ps", timeout=10,
+                      headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+    except httpx.HTTPError as e:
+        fail(f"no server at {url}: {e} (start one with specgen serve, or pass --url)")
+    if r.status_code != 200:
+        fail(f"{url} answered {r.status_code}: {r.text[:200]}")
+    models = r.json()["models"]
+    if json_out:
+        sys.stdout.write(json.dumps(models, indent=1) + "\n")
+        return
+    rows = [("NAME", "SIZE", "CONTEXT", "UNTIL")] + [
+        (m["name"], f"{m['size'] / 1e6:.0f} MB", str(m.get("context_length", "")),
+         "forever" if m["expires_at"].startswith("2318") else m["expires_at"][:19].replace("T", " "))
+        for m in models]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    sys.stdout.write("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows) + "\n")

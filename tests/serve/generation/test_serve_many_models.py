@@ -114,3 +114,23 @@ def test_a_model_that_cannot_load_is_that_requests_error(demo_engine, tmp_path):
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         ok = ollama.Client(host=url).generate(model="demo", prompt=ONCE, raw=True, options={"num_predict": 4})
         assert ok.eval_count == 4 and httpx.get(f"{url}/health").status_code == 200
+
+
+def test_specgen_ps_shows_what_a_running_server_holds(demo_engine, other):
+    from typer.testing import CliRunner
+
+    from specgen.cli.commands import app
+
+    with running(demo_engine, load=Loads(), model="demo", others=(("other", other),), api_key="sk-ps") as (url, _):
+        ollama.Client(host=url, headers={"Authorization": "Bearer sk-ps"}).generate(
+            model="other", prompt=ONCE, options={"num_predict": 2}, keep_alive="-1")
+        shown = CliRunner().invoke(app, ["ps", "--url", url, "--api-key", "sk-ps"])
+        assert shown.exit_code == 0, shown.output
+        header, *rows = shown.stdout.splitlines()
+        assert header.split() == ["NAME", "SIZE", "CONTEXT", "UNTIL"]
+        assert sorted(r.split()[0] for r in rows) == ["demo:latest", "other:latest"]
+        assert any(r.startswith("other:latest") and r.endswith("forever") for r in rows)
+        refused = CliRunner().invoke(app, ["ps", "--url", url])
+        assert refused.exit_code == 1 and "answered 401" in refused.stderr
+    gone = CliRunner().invoke(app, ["ps", "--url", url])
+    assert gone.exit_code == 1 and "no server at" in gone.stderr
