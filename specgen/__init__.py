@@ -1,11 +1,13 @@
 """specgen: faster local LLM generation on MLX with model-free (n-gram) speculative decoding.
 
-`specgen.load`, `specgen.generate` and `specgen.stream_generate` mirror mlx-lm's (specgen/api/);
+`specgen.load`, `specgen.generate`, `specgen.stream_generate` and `specgen.batch_generate` mirror
+mlx-lm's, and `specgen.Conversation` keeps a conversation's cache between turns (specgen/api/);
 they are imported on first use, so that `import specgen` and the command line start without MLX.
 
-Subpackages by role; imports run one way (tests/test_layout.py checks it):
-    cli, serve  (front ends)  ->  api  ->  engine  ->  draft (model-free, no mlx)
-and every layer may import the base modules here: defaults, errors, settings.
+Subpackages by concept, layers by role; a module imports its own layer or a lower one
+(tests/test_layout.py checks it; docs/architecture.md maps it):
+    cli, serve (front ends)  >  api  >  engine  >  draft, structured (model-free, no mlx)
+and every layer may import the base modules here: defaults, errors, settings, events, stats, store.
 """
 
 __version__ = "0.1.0"

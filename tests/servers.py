@@ -36,7 +36,8 @@ def running(engine, load=None, **settings):
                 r = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "Once", "max_tokens": 2},
                                timeout=120)
                 assert r.status_code == 200, r.text
-        yield url, server.config.app.state.worker
+        models = server.config.app.state.models
+        yield url, models.resident[models.default].worker
     finally:
         server.should_exit = True
         thread.join(30)

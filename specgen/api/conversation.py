@@ -6,9 +6,10 @@ it holds the conversation so far (but its last token), so a new turn prefills on
 (after the longest prefix it shares with what the cache holds: a chat template that renders
 earlier turns the same way shares them all). The adaptive drafter is kept too, having read the
 whole conversation, so an answer that quotes or revises an earlier one drafts from it. An answer
-cut short (`close()` on its stream, Ctrl-C) leaves no turn: the conversation is as before it.
-Where a new turn would not fit the context, the oldest turns are dropped (`dropped` says how many
-were, for the caller to say so). Messages are the `--prompts` line format's (`save`, `load`).
+cut short (`close()` on its stream, Ctrl-C) leaves no turn: the conversation is as before it
+(a cache it may have left half-written is not kept). Where a new turn would not fit the context,
+the oldest turns are dropped once it is answered (`dropped` says how many, for the caller to say
+so). Messages are the `--prompts` line format's (`save`, `load`).
 """
 
 from __future__ import annotations
@@ -50,55 +51,67 @@ class Conversation:
         self.system = text or None
 
     def set_options(self, options: Options) -> None:
-        """New settings for the next turns (their drafter is made afresh where its kind changes)."""
-        if (options.draft is None) != (self.options.draft is None) or options.memory != self.options.memory:
+        """New settings for the next turns (their drafter is made afresh where it would differ)."""
+        if _drafter_kind(options) != _drafter_kind(self.options):
             self._drafter = None
         self.options = options
 
-    def prompt(self, text: str) -> list[dict]:
-        """The messages the model reads for one more user turn `text`."""
-        system = [{"role": "system", "content": self.system}] if self.system else []
-        return system + self.messages + [{"role": "user", "content": text}]
+    def _system(self) -> list[dict]:
+        return [{"role": "system", "content": self.system}] if self.system else []
+
+    def prompt(self, text: str, messages: list[dict] | None = None) -> list[dict]:
+        """The messages the model reads for one more user turn `text` (after `messages`, by
+        default the conversation's)."""
+        return self._system() + (self.messages if messages is None else messages) + [{"role": "user", "content": text}]
 
     def say(self, text: str, stats: RunStats | None = None) -> Iterator[Response]:
-        """Stream the answer to `text`; the turn joins the conversation once the answer ends."""
-        ids = self._fitting(text)
+        """Stream the answer to `text`; the turn joins the conversation once the answer ends
+        (with the oldest turns dropped, where they had to be for it to fit)."""
+        ids, kept = self._fitting(text)
         stats = stats or RunStats()
         cache, cached = self._cache_for(ids)
+        self._cache, self._held = None, []  # until the answer ends: what the cache holds is this turn's
         drafter, fed = self._drafter_for(ids)
         if drafter is None and self.options.draft is None:  # adaptive: one kept for the next turns
             drafter = self.engine.new_drafter(self.options)
         request = Request(ids, self.options, prompt_cache=cache, cached=cached, drafter=drafter, drafter_fed=fed)
-        answer, finished = [], False
+        answer, finished, whole = [], False, True
         try:
             for response in self.engine.stream(request, stats):
                 answer.append(response.text)
                 finished = response.finish_reason is not None
                 yield response
+        except BaseException as e:
+            # Closed by its reader, the stream rewound the cache; any other way out (Ctrl-C in
+            # the middle of a pass, an error) may have left some layers' entries in it.
+            whole = isinstance(e, GeneratorExit)
+            raise
         finally:
             # The cache holds the prompt and the output but its last token (Engine.stream), also
             # when the answer was cut short; the drafter has read as much.
-            self._cache, self._held = cache, (ids + stats.output_ids)[:-1] if stats.prompt_tokens else []
-            self._drafter = drafter
+            if whole:
+                self._cache, self._held = cache, (ids + stats.output_ids)[:-1] if stats.prompt_tokens else []
+                self._drafter = drafter
             if finished:
-                self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": "".join(answer)}]
+                self.messages = kept + [{"role": "user", "content": text},
+                                        {"role": "assistant", "content": "".join(answer)}]
                 self.turns.append(stats)
-                self.engine.learn(self.options, stats)
 
-    def _fitting(self, text: str) -> list[int]:
-        """The new turn's prompt ids, the oldest turns dropped while it leaves less than a
-        quarter of the context (or max_tokens, if less) to answer in."""
+    def _fitting(self, text: str) -> tuple[list[int], list[dict]]:
+        """The new turn's prompt ids and the earlier turns they hold: the oldest dropped (`dropped`
+        says how many) while it would leave less than a quarter of the context (or max_tokens, if
+        less) to answer in."""
         context = self.engine.loaded.context_length
-        self.dropped = 0
+        kept, self.dropped = self.messages, 0
         while True:
-            ids = self.engine.encode(self.prompt(text))
+            ids = self.engine.encode(self.prompt(text, kept))
             room = None if context is None else context - len(ids)
             if room is None or room >= min(self.options.max_tokens, context // 4):
-                return ids
-            if not self.messages:
+                return ids, kept
+            if not kept:
                 raise InputError(f"this turn is {len(ids)} tokens, too long for {self.engine.name}'s context of "
                                  f"{context} tokens with room to answer: shorten it")
-            self.messages = self.messages[2:]  # the oldest turn: a user message and its answer
+            kept = kept[2:]  # the oldest turn: a user message and its answer
             self.dropped += 1
 
     def _cache_for(self, ids: list[int]) -> tuple[list, int]:
@@ -127,8 +140,7 @@ class Conversation:
 
     def save(self, path: str | Path) -> None:
         """The conversation as one `--prompts` line: {"messages": [...]} (the system message first)."""
-        system = [{"role": "system", "content": self.system}] if self.system else []
-        Path(path).write_text(json.dumps({"messages": system + self.messages}, ensure_ascii=False) + "\n")
+        Path(path).write_text(json.dumps({"messages": self._system() + self.messages}, ensure_ascii=False) + "\n")
 
     def load(self, path: str | Path) -> None:
         """The conversation of a `--prompts` line's messages (the file's first line), replacing
@@ -144,3 +156,8 @@ class Conversation:
         self.system = system[0]["content"] if system else self.system
         self.messages = [m for m in messages if m["role"] != "system"]
         self._reset()
+
+
+def _drafter_kind(options: Options) -> tuple:
+    """What a kept drafter was made for: another kind of drafter for other settings."""
+    return options.draft is None, options.memory, options.ngram_order, options.window

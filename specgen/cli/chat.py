@@ -73,14 +73,16 @@ def chat(
     say.settings(options.check() + check(dtype=dtype))
     engine = Engine.load(model, dtype=dtype, notice=say.warn, progress=say.progress)
     conversation = Conversation(engine, options, system)
-    if sys.stdin.isatty() and sys.stdout.isatty():
-        Terminal(conversation, say).run()
-    else:
-        for line in sys.stdin:
-            if line.strip():
-                answer(conversation, line.rstrip("\n"), say, summary=False)
-    if memory:
-        engine.save_memory()
+    try:
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            Terminal(conversation, say).run()
+        else:
+            for line in sys.stdin:
+                if line.strip():
+                    answer(conversation, line.rstrip("\n"), say, summary=False)
+    finally:
+        if memory:
+            engine.save_memory()
 
 
 def answer(conversation, text: str, say: Notices, summary: bool) -> None:
@@ -141,8 +143,10 @@ class Terminal:
                 elif text.strip():
                     try:
                         answer(self.conversation, text, self.say, summary=True)
-                    except SpecgenError as e:
-                        self.say(f"error: {e}")
+                    except KeyboardInterrupt:  # a second Ctrl-C while the first one's answer closed
+                        sys.stdout.write("\n")
+                    except Exception as e:  # this turn's failure (a chat template's refusal, ...): not the session's
+                        self.say(f"error: {type(e).__name__}: {e}" if not isinstance(e, SpecgenError) else f"error: {e}")
         finally:
             self.save_history()
 
@@ -197,8 +201,8 @@ class Terminal:
                 self.say(f"loaded {len(conversation.messages)} message(s) from {argument}")
             else:
                 self.say(f"unknown command /{name} (or it needs an argument): /help lists them")
-        except (SpecgenError, OSError) as e:
-            self.say(f"error: {e}")
+        except Exception as e:  # a command's failure is said, and the session goes on
+            self.say(f"error: {e}" if isinstance(e, (SpecgenError, OSError)) else f"error: {type(e).__name__}: {e}")
         return True
 
     def set(self, argument: str) -> None:

@@ -244,11 +244,7 @@ def serve(
         keep_alive_s = seconds(keep_alive)
     except ValueError as e:
         usage(f"--keep-alive: {e}")
-    if max_models < 1:
-        usage(f"--max-models must be at least 1 (got {max_models})")
     names = [registry.served_name(m) for m in specs]
-    if len(set(names)) < len(names):
-        usage(f"-m names the same model twice ({', '.join(names)})")
     # before the slow load: it refuses a key no request could send
     config = ServeConfig(model_name=names[0], model=specs[0], others=tuple(zip(names[1:], specs[1:])),
                          max_models=max_models, keep_alive_s=keep_alive_s, max_tokens=max_tokens, draft=draft,
@@ -266,10 +262,12 @@ def serve(
             engine.costs(recalibrate)  # once, before its first request
         return engine
 
-    engine = load(specs[0])
+    first = load(specs[0])  # before the address is printed; the server holds it from here on
     say(f"serving {', '.join(names)} on http://{host}:{port}/v1 (OPENAI_BASE_URL=http://{host}:{port}/v1; "
         f"Ollama's API: OLLAMA_HOST=http://{host}:{port})")
-    make_server(engine, config, host, port, log_level="warning" if quiet else "info", load=load).run()
+    server = make_server(first, config, host, port, log_level="warning" if quiet else "info", load=load)
+    del first  # the server's model registry alone holds it, so that an unload lets it go
+    server.run()
 
 
 app.command()(cli_chat.chat)

@@ -27,7 +27,8 @@ FLAGS = {"max_tokens": "--max-tokens", "draft": "--draft", "ngram_order": "--ngr
          "min_p": "--min-p", "seed": "--seed", "beta": "--beta", "overlap": "--overlap",
          "queue_after": "--pipeline-after", "repeats": "--repeats", "system": "--system",
          "dtype": "--dtype", "prompt": "the prompt", "memory": "--memory", "batch": "--batch",
-         "max_batch": "--max-batch", "output": "-o/--output"}
+         "max_batch": "--max-batch", "output": "-o/--output", "max_models": "--max-models",
+         "keep_alive": "--keep-alive", "model": "-m"}
 DTYPE_HELP = "Convert (and dequantize) the weights to this dtype: float32, float16 or bfloat16."
 
 

@@ -228,26 +228,25 @@ def ps(
                                           help="Its --api-key, if it has one."),
     json_out: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
 ):
-    """What a running `specgen serve` holds: its resident models, their size and when each unloads."""
-    from specgen.serve import require_extra
+    """What a running `specgen serve` holds: its resident models, their size and when each unloads (UTC)."""
+    import urllib.error
+    import urllib.request
 
-    require_extra()
-    import httpx
-
+    asked = urllib.request.Request(f"{url.rstrip('/')}/api/ps",
+                                   headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        r = httpx.get(f"{url.rstrip('/')}/api/ps", timeout=10,
-                      headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
-    except httpx.HTTPError as e:
+        with urllib.request.urlopen(asked, timeout=10) as r:
+            models = json.loads(r.read())["models"]
+    except urllib.error.HTTPError as e:
+        fail(f"{url} answered {e.code}: {e.read()[:200].decode(errors='replace')}")
+    except (urllib.error.URLError, OSError, ValueError) as e:
         fail(f"no server at {url}: {e} (start one with specgen serve, or pass --url)")
-    if r.status_code != 200:
-        fail(f"{url} answered {r.status_code}: {r.text[:200]}")
-    models = r.json()["models"]
     if json_out:
         sys.stdout.write(json.dumps(models, indent=1) + "\n")
         return
     rows = [("NAME", "SIZE", "CONTEXT", "UNTIL")] + [
-        (m["name"], f"{m['size'] / 1e6:.0f} MB", str(m.get("context_length", "")),
-         "forever" if m["expires_at"].startswith("2318") else m["expires_at"][:19].replace("T", " "))
+        (m["name"], f"{m['size'] / 1e6:.0f} MB", str(m.get("context_length") or "-"),
+         "forever" if m["expires_at"].startswith("2318") else m["expires_at"][:19].replace("T", " ") + " UTC")
         for m in models]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     sys.stdout.write("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows) + "\n")

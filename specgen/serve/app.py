@@ -1,16 +1,18 @@
 """The HTTP routes: OpenAI's chat and text completions, Anthropic's Messages (Claude Code), OpenAI's
-Responses (Codex), models and health; Ollama's are ollama.py's, on the same queue.
+Responses (Codex), models, health and metrics; Ollama's are ollama.py's, over the same models.
 
-Every generating route does the same four things: check its body (schema.py, apis/anthropic.py,
-apis/responses.py), make the prompt's token ids through the chat template (prompting.py) off the event
-loop, queue a Turn on the one worker (generation/turn.py) and answer through its API's Builder
-(apis/chat_stream.py, apis/anthropic_stream.py, apis/responses_stream.py), whole or streamed. So all of them
-share the engine, its speculation, the queue and its limits, the prompt cache and kept drafters
-across turns, cancellation when a client leaves. Errors are each API's own shape, chosen by the
-path (Anthropic's under /v1/messages, Ollama's under /api/, OpenAI's elsewhere): 400 for what a request says, 401
-without the key (Bearer, or Anthropic's x-api-key; with CORS headers, so a browser can read it),
-404 for another path, 413 for a body over the limit, 429 when the queue is full, 503 when the
-worker cannot serve. Every route serves any model name (but "") with the loaded model.
+Every generating route does the same five things: check its body (schema.py, apis/anthropic.py,
+apis/responses.py), claim the model it names (models.py: loaded if need be; on these routes a
+name the server does not serve is the default model), make the prompt's token ids through the
+chat template (prompting.py) off the event loop, queue a Turn on that model's worker
+(generation/turn.py) and answer through its API's Builder (apis/chat_stream.py,
+apis/anthropic_stream.py, apis/responses_stream.py), whole or streamed. So all of them share the
+model's engine, its speculation, its queue and limits, its prompt cache and kept drafters across
+turns, cancellation when a client leaves. Errors are each API's own shape, chosen by the path
+(Anthropic's under /v1/messages, Ollama's under /api/, OpenAI's elsewhere): 400 for what a
+request says (a model name "" too), 401 without the key (Bearer, or Anthropic's x-api-key; with
+CORS headers, so a browser can read it), 404 for another path, 413 for a body over the limit,
+429 when the queue is full, 500 for a model that cannot load, 503 when the worker cannot serve.
 """
 
 from __future__ import annotations
@@ -100,11 +102,10 @@ def create_app(engine: Engine, config: ServeConfig, load: Callable[[str], Engine
                     load=load or _no_loader, worker=lambda e: _worker(e, config), max_models=config.max_models,
                     keep_alive=config.keep_alive_s, memory=config.memory, on_load=watch,
                     on_unload=lambda r: metrics.forget(r.name))
-    worker = models.resident[config.model_name].worker
 
     @asynccontextmanager
     async def lifespan(_app):
-        worker.start()
+        models.resident[config.model_name].worker.start()
         sweeper = asyncio.create_task(models.sweep())
         try:
             yield
@@ -113,7 +114,7 @@ def create_app(engine: Engine, config: ServeConfig, load: Callable[[str], Engine
             await run_in_threadpool(models.stop, 10.0)
 
     app = FastAPI(title="specgen", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.worker, app.state.models = worker, models
+    app.state.models = models  # (nothing else holds a model: one unloaded is let go)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, error_body=error_body)
 
     @app.exception_handler(ApiError)

@@ -46,7 +46,7 @@ class ServeConfig:
             raise SettingError("keep_alive", "must be at least 0 seconds (or None: never unload)", self.keep_alive_s)
         names = [self.model_name, *(n for n, _ in self.others)]
         if len(set(names)) < len(names):
-            raise SettingError("model", "names the same model twice", names)
+            raise SettingError("model", f"names the same model twice ({', '.join(names)})")
         key = self.api_key
         # HTTP headers carry ASCII, and their ends' spaces are trimmed: any other key never matches
         if key is not None and not (key and key.isascii() and key.isprintable() and key == key.strip()):

@@ -103,18 +103,21 @@ class Models:
             waited = time.perf_counter() - start
         resident.claims += 1
         resident.last_used, resident.idle_since = time.monotonic(), None
-        if keep_alive != "server":
-            resident.keep_alive = keep_alive
+        # each request sets how long its model stays once idle: its own keep_alive, else the server's
+        resident.keep_alive = self.keep_alive if keep_alive == "server" else keep_alive
         try:
             yield resident, waited
         finally:
             resident.claims -= 1
 
     async def _loaded(self, name: str) -> Resident:
-        if name in self._loading:
-            return await asyncio.shield(self._loading[name])
-        future = asyncio.get_running_loop().create_future()
-        self._loading[name] = future
+        """The model loaded: by a task of its own, which every request for it awaits (shielded: a
+        request that goes away does not cancel the load the others wait for)."""
+        if name not in self._loading:
+            self._loading[name] = asyncio.ensure_future(self._load_task(name))
+        return await asyncio.shield(self._loading[name])
+
+    async def _load_task(self, name: str) -> Resident:
         try:
             await self._make_room()
             start = time.perf_counter()
@@ -123,14 +126,12 @@ class Models:
             self._add(resident)
             worker.start()
             _log.info("loaded %s in %.1f s (%d resident)", name, resident.load_s, len(self.resident))
-            future.set_result(resident)
             return resident
+        except ApiError:
+            raise
         except Exception as e:
-            error = e if isinstance(e, ApiError) else ApiError(
-                500, f"model '{name}' could not be loaded: {type(e).__name__}: {e}", kind="server_error")
-            future.set_exception(error)
-            future.exception()  # retrieved: no "never retrieved" warning where nobody else waited
-            raise error from None
+            raise ApiError(500, f"model '{name}' could not be loaded: {type(e).__name__}: {e}",
+                           kind="server_error") from None
         finally:
             del self._loading[name]
 
@@ -146,8 +147,12 @@ class Models:
         self._on_load(resident)
 
     async def _make_room(self) -> None:
-        """Unload the least recently used idle model until one more fits (waiting for one to be idle)."""
+        """Unload the least recently used idle model until one more fits (waiting for one to be
+        idle); a 503 where none ever can be (every resident one was handed over loaded)."""
         while len(self.resident) + len(self._loading) > self.max_models:
+            if not any(r.reloadable for r in self.resident.values()):
+                raise ApiError(503, f"{len(self.resident)} models are resident (--max-models {self.max_models}) "
+                                    "and none can be unloaded", kind="server_error")
             idle = [r for r in self.resident.values() if r.idle and r.reloadable]
             if idle:
                 await self.unload(min(idle, key=lambda r: r.last_used))
@@ -155,7 +160,10 @@ class Models:
                 await asyncio.sleep(SWEEP_S)
 
     async def unload(self, resident: Resident) -> None:
-        """Stop its worker and let its engine go (memory back to what it was before its load)."""
+        """Stop its worker and let its engine go (memory back to what it was before its load);
+        nothing where it is no longer the resident one of its name."""
+        if self.resident.get(resident.name) is not resident:
+            return
         del self.resident[resident.name]
         self._on_unload(resident)
         await run_in_threadpool(resident.worker.stop, STOP_S)
@@ -169,15 +177,30 @@ class Models:
         """Unload, forever, each model idle for its keep-alive (a server's background task)."""
         while True:
             await asyncio.sleep(SWEEP_S)
-            now = time.monotonic()
-            for resident in list(self.resident.values()):
-                if not resident.idle:
-                    resident.idle_since = None
-                    continue
-                resident.idle_since = resident.idle_since or now
-                if resident.reloadable and resident.keep_alive is not None and \
-                        now - resident.idle_since >= resident.keep_alive:
-                    await self.unload(resident)
+            try:
+                await self._sweep_once(time.monotonic())
+            except Exception:  # a pass that failed is logged; the next one runs
+                _log.exception("unloading idle models failed")
+
+    async def _sweep_once(self, now: float) -> None:
+        for resident in list(self.resident.values()):
+            if self.resident.get(resident.name) is not resident:  # unloaded meanwhile (to make room)
+                continue
+            if not resident.idle:
+                resident.idle_since = None
+                continue
+            resident.idle_since = resident.idle_since or now
+            if resident.reloadable and resident.keep_alive is not None and now - resident.idle_since >= resident.keep_alive:
+                await self.unload(resident)
+
+    async def unload_named(self, requested: str) -> bool:
+        """Unload a resident model now (Ollama's keep_alive 0 with no prompt) unless a request
+        holds it; whether it went."""
+        resident = self.resident.get(self.named(requested, any_name=False))
+        if resident is None or not resident.idle or not resident.reloadable:
+            return False
+        await self.unload(resident)
+        return True
 
     def stop_soon(self) -> None:
         for resident in self.resident.values():

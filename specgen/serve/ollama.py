@@ -28,15 +28,16 @@ from specgen.serve.apis.ollama import TAG, ChatRequest, GenerateRequest, ShowReq
 from specgen.serve.apis.ollama_stream import OllamaBuilder, now_iso
 from specgen.serve.config import ServeConfig
 from specgen.serve.models import Models
-from specgen.serve.prompting import Splitter, chat_ids, fits, template_ids, templated, text_ids
-from specgen.serve.schema import bad
+from specgen.serve.prompting import Splitter, chat_ids, fits, known_ids, template_ids, templated, text_ids
 
+LISTED = ("name", "model", "size", "digest", "details")  # what /api/tags and /api/ps show of a model
 OLLAMA_VERSION = "0.12.0"  # the API followed: tool calls streamed, `format` schemas, `think`
 Answer = Callable[..., Awaitable[object]]
 
 
 def describe(engine: Engine, name: str) -> dict:
-    """What /api/tags, /api/show and /api/ps say of the served model: its size, digest, details."""
+    """What /api/tags, /api/show and /api/ps say of a loaded model: its size, digest, details,
+    and what /api/show adds (kept after it unloads: /api/show does not load it again)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -53,7 +54,8 @@ def describe(engine: Engine, name: str) -> dict:
             "digest": hashlib.sha256(f"{loaded.calibration_key}|{name}".encode()).hexdigest(),
             "details": {"parent_model": "", "format": "safetensors", "family": family, "families": [family],
                         "parameter_size": _short(count), "quantization_level": level.replace("FLOAT", "F")},
-            "parameter_count": count}
+            "parameter_count": count, "context_length": loaded.context_length, "tools": templated(engine),
+            "template": (getattr(loaded.tokenizer, "chat_template", None) or "") if templated(engine) else ""}
 
 
 def _short(count: int) -> str:
@@ -76,10 +78,17 @@ def ollama_routes(models: Models, config: ServeConfig, answer: Answer, known: di
             described[name] = describe(resident.engine, name)
         found = described.get(name) or {"name": f"{name}:{TAG}", "model": f"{name}:{TAG}", "size": 0,
                                         "digest": hashlib.sha256(name.encode()).hexdigest(), "details": {}}
-        return {k: v for k, v in found.items() if k != "parameter_count"}
+        return {k: v for k, v in found.items() if k in LISTED}
 
-    def loaded(name: str, chat: bool) -> dict:
-        reply = {"model": name, "created_at": now_iso(), "done_reason": "load", "done": True}
+    async def only_load(body, chat: bool) -> dict:
+        """Ollama's answer to no prompt: the model loaded, or unloaded with keep_alive 0."""
+        if keep_alive(body.keep_alive) == 0:
+            await models.unload_named(body.model)
+            reason = "unload"
+        else:
+            async with claim(body):
+                reason = "load"
+        reply = {"model": body.model, "created_at": now_iso(), "done_reason": reason, "done": True}
         return {**reply, "message": {"role": "assistant", "content": ""}} if chat else {**reply, "response": ""}
 
     def claim(body):
@@ -106,30 +115,31 @@ def ollama_routes(models: Models, config: ServeConfig, answer: Answer, known: di
                 datetime.fromtimestamp(time.time() + expires - time.monotonic(), timezone.utc).isoformat()
             found = entry(name)
             out.append({**found, "expires_at": until, "size_vram": found["size"],
-                        "context_length": resident.engine.loaded.context_length})
+                        "context_length": described[name]["context_length"]})
         return {"models": out}
 
     @router.post("/api/show")
     async def show(body: ShowRequest):
-        async with models.claim(body.which(), any_name=False) as (resident, _):
-            engine = resident.engine
-            found = describe(engine, resident.name)
-        tools = templated(engine)
-        arch, context = found["details"]["family"], engine.loaded.context_length
+        name = models.named(body.which(), any_name=False)
+        if name not in described:  # never loaded yet: once, to read it (then it may unload)
+            async with models.claim(name, any_name=False):
+                entry(name)
+        found = described[name]
+        arch, context = found["details"]["family"], found["context_length"]
         info = {"general.architecture": arch, "general.parameter_count": found["parameter_count"]}
         if context is not None:
             info[f"{arch}.context_length"] = context
-        return {"modelfile": f"# served by specgen\nFROM {resident.name}\n", "parameters": "",
-                "template": (getattr(engine.loaded.tokenizer, "chat_template", None) or "") if tools else "",
-                "details": found["details"], "model_info": info,
-                "capabilities": ["completion"] + (["tools"] if tools else []), "modified_at": started}
+        return {"modelfile": f"# served by specgen\nFROM {name}\n", "parameters": "",
+                "template": found["template"], "details": found["details"], "model_info": info,
+                "capabilities": ["completion"] + (["tools"] if found["tools"] else []), "modified_at": started}
 
     @router.post("/api/chat")
     async def chat(body: ChatRequest, request: HttpRequest):
         arrived = time.perf_counter()
+        body.check()
+        if not body.messages:
+            return await only_load(body, chat=True)
         async with claim(body) as (resident, load_s):
-            if not body.messages:
-                return loaded(body.model, chat=True)
             engine = resident.engine
             ids, tools = await run_in_threadpool(chat_ids, engine, body)
             generation = body.generation(len(ids), engine.loaded.context_length, config.max_tokens, **known)
@@ -139,10 +149,10 @@ def ollama_routes(models: Models, config: ServeConfig, answer: Answer, known: di
     @router.post("/api/generate")
     async def generate(body: GenerateRequest, request: HttpRequest):
         arrived = time.perf_counter()
-        body.refuse()
+        body.check()
+        if not body.prompt:  # as Ollama: an empty prompt only loads the model, whatever context it has
+            return await only_load(body, chat=False)
         async with claim(body) as (resident, load_s):
-            if not body.prompt:  # as Ollama: an empty prompt only loads the model, whatever context it has
-                return loaded(body.model, chat=False)
             engine = resident.engine
             ids = await run_in_threadpool(_generate_ids, engine, body)
             generation = body.generation(len(ids), engine.loaded.context_length, config.max_tokens, **known)
@@ -160,8 +170,5 @@ def _generate_ids(engine: Engine, body: GenerateRequest) -> list[int]:
     else:
         ids = template_ids(engine, body.conversation(), None)
     if body.context:
-        vocab = engine.loaded.config.get("vocab_size") or len(engine.loaded.tokenizer.get_vocab())
-        if any(not 0 <= t < vocab for t in body.context):
-            raise bad("context", f"holds token ids outside the vocabulary (0 to {vocab - 1})")
-        ids = list(body.context) + ids
+        ids = known_ids(engine, body.context, "context") + ids
     return fits(engine, ids, "prompt")

@@ -97,11 +97,16 @@ def completion_ids(engine: Engine, req: CompletionRequest) -> list[int]:
     if isinstance(prompt, str):
         ids = text_ids(engine, prompt, "prompt")
     else:
-        vocab = engine.loaded.config.get("vocab_size") or len(engine.loaded.tokenizer.get_vocab())
-        if any(not 0 <= t < vocab for t in prompt):
-            raise bad("prompt", f"holds token ids outside the vocabulary (0 to {vocab - 1})")
-        ids = list(prompt)
+        ids = known_ids(engine, prompt, "prompt")
     return fits(engine, ids, "prompt")
+
+
+def known_ids(engine: Engine, ids, param: str) -> list[int]:
+    """Token ids a caller gave, or a 400 on `param` where one is outside the vocabulary."""
+    vocab = engine.loaded.config.get("vocab_size") or len(engine.loaded.tokenizer.get_vocab())
+    if any(not 0 <= t < vocab for t in ids):
+        raise bad(param, f"holds token ids outside the vocabulary (0 to {vocab - 1})")
+    return list(ids)
 
 
 def text_ids(engine: Engine, text: str, param: str) -> list[int]:

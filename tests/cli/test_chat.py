@@ -101,6 +101,7 @@ def test_ctrl_c_stops_an_answer_and_the_next_turn_answers_as_if_it_had_not_been_
         if child.expect_exact(["stopped: the turn is dropped", "Ctrl-C again"]) == 0:
             break
         child.expect_exact(">>> ")
+        turn(child, "/clear")  # that answer finished: start afresh
     else:
         pytest.fail("no interrupt landed within an answer")
     child.expect_exact(">>> ")

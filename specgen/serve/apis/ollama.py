@@ -133,23 +133,31 @@ class _Common(Strict, Body):
     keep_alive: Union[str, float, None] = None
     think: Union[bool, str, None] = None
 
-    def generation(self, prompt_tokens: int, context: int | None, default_max_tokens: int, **known) -> Generation:
-        """What this request asks of the engine: num_predict clamped to the room num_ctx (or the
-        model's context) leaves, as Ollama stops where its context ends."""
-        o = self.options or Options()
-        o.check()
+    def check(self) -> None:
+        """What can be refused before a model is touched (or loaded): options, think, format, stop."""
+        (self.options or Options()).check()
         if self.think not in (None, False):
             raise bad("think", "is not supported: specgen serves its models without a thinking mode")
+        if any(not s for s in self._stops()):
+            raise bad("options.stop", "must be non-empty strings")
+        self._format()
+        keep_alive(self.keep_alive)
+
+    def _stops(self) -> tuple[str, ...]:
+        stop = (self.options or Options()).stop
+        return (stop,) if isinstance(stop, str) else tuple(stop or ())
+
+    def generation(self, prompt_tokens: int, context: int | None, default_max_tokens: int, **known) -> Generation:
+        """What this request asks of the engine (checked: `check`): num_predict clamped to the
+        room num_ctx (or the model's context) leaves, as Ollama stops where its context ends."""
+        o = self.options or Options()
         limit = context if o.num_ctx is None else min(o.num_ctx, context or o.num_ctx)
         if limit is not None and prompt_tokens >= limit:  # (the model's own context was checked with the prompt)
             raise bad("options.num_ctx", f"the prompt is {prompt_tokens} tokens, leaving no room to generate in "
                                          f"a context of {limit} tokens")
         wanted = default_max_tokens if o.num_predict is None or o.num_predict < 0 else o.num_predict
         room = wanted if limit is None else min(wanted, limit - prompt_tokens)
-        stops = (o.stop,) if isinstance(o.stop, str) else tuple(o.stop or ())
-        if any(not s for s in stops):
-            raise bad("options.stop", "must be non-empty strings")
-        return make_generation(max_tokens=room, stop=stops, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k,
+        return make_generation(max_tokens=room, stop=self._stops(), temperature=o.temperature, top_p=o.top_p, top_k=o.top_k,
                                min_p=o.min_p, seed=o.seed, stream=self.stream, response_format=(self._format(), "format"),
                                fields={f: f"options.{f}" for f in ("temperature", "top_p", "top_k", "min_p", "seed",
                                                                    "stop")} | {"max_tokens": "options.num_predict"},
@@ -202,7 +210,8 @@ class GenerateRequest(_Common):
     raw: bool = False
     images: Optional[list[str]] = None
 
-    def refuse(self) -> None:
+    def check(self) -> None:
+        super().check()
         if self.images:
             raise bad("images", "are not supported: specgen serves text-only models")
         if self.suffix:

@@ -27,6 +27,7 @@ class BatchWorker(Worker):
         self.max_batch = max_batch
         self.streams = Streams(engine, max_rows=max_batch)
         self.active: dict[int, tuple[Job, Prepared]] = {}  # id(job) -> the job and its request
+        self._admitting: list[Job] = []  # taken from the queue, not active yet
 
     def _loop(self) -> None:
         while True:
@@ -35,21 +36,28 @@ class BatchWorker(Worker):
                     self._cond.wait()
                 if self._stopping and not self.active and not self._jobs:
                     return
-                # Rows and one more to prefill: the rest stay queued (and count against
-                # --max-queue) until a row is free, taken in arrival order.
-                admitted = []
-                while self._jobs and len(self.streams) + len(admitted) <= self.max_batch:
-                    admitted.append(self._jobs.popleft())
             with DEVICE:
+                with self._cond:
+                    # Rows and one more to prefill: the rest stay queued (and count against
+                    # --max-queue) until a row is free, taken in arrival order. (Taken with the
+                    # device: a job is queued or active at every moment, never in between.)
+                    admitted = self._admitting = []
+                    while self._jobs and len(self.streams) + len(admitted) <= self.max_batch:
+                        admitted.append(self._jobs.popleft())
                 for job in admitted:
                     self._admit(job)
+                self._admitting = []
                 self._drop_cancelled()
                 if self.streams.busy:
                     self._step()
             self.running = next(iter(self.active.values()))[0] if self.active else None
 
     def _holding(self) -> list[Job]:
-        return [job for job, _ in self.active.values()]
+        return [job for job, _ in list(self.active.values())]
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.active) + len(self._admitting)
 
     def stop_soon(self) -> None:
         """Refuse new jobs and cancel the running ones and every waiting one (returns at once)."""

@@ -76,7 +76,7 @@ class Turn:
     def __init__(self, engine: Engine, ids: list[int], generation: Generation, splitter: Splitter | None,
                  label: str, metrics: ModelMetrics | None = None):
         self.engine, self.splitter, self.label, self.metrics = engine, splitter, label, metrics
-        self.arrived, self._first = time.perf_counter(), True
+        self.arrived, self._first, self._counted = time.perf_counter(), True, False
         loop = asyncio.get_running_loop()
         self.items: asyncio.Queue = asyncio.Queue()
         self.job = Job(ids, generation.options, generation.prediction,
@@ -115,6 +115,7 @@ class Turn:
                     if self.metrics is not None:
                         self.metrics.finished(item.stats, done.finish, generated(item.stats),
                                               time.perf_counter() - self.arrived)
+                    self._counted = True
                     yield done
                     return
                 else:
@@ -124,10 +125,12 @@ class Turn:
             if watcher is not None:
                 watcher.cancel()
             self.job.cancel()  # a no-op once finished; stops the work if the answer was abandoned
+            self._ended("abort")  # a stream whose reader left before its end (counted once)
 
     def _ended(self, reason: str) -> None:
-        if self.metrics is not None:
+        if self.metrics is not None and not self._counted:
             self.metrics.ended(reason)
+        self._counted = True
 
     def _parts(self, response: Response) -> Parts:
         if self.splitter is None:

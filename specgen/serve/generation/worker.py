@@ -26,9 +26,31 @@ from specgen.serve.schema import ApiError
 from specgen.stats import RunStats
 
 _log = logging.getLogger("specgen.serve")
+
+
+class Turns:
+    """A lock taken in the order it was asked for (threading.Lock is not: a thread that releases
+    and takes it again at once, a batch worker between steps, would keep it from the others)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._next = self._serving = 0
+
+    def __enter__(self):
+        with self._cond:
+            ticket, self._next = self._next, self._next + 1
+            while ticket != self._serving:
+                self._cond.wait()
+
+    def __exit__(self, *exc):
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
 # The device, one generation thread at a time: a server's models each have a worker, and they
-# take turns (a job at a time, a batch step at a time), as a loading model's calibration does.
-DEVICE = threading.Lock()
+# take turns in order (a job at a time, a batch step at a time), as a loading model does.
+DEVICE = Turns()
 
 
 class Started(NamedTuple):

@@ -90,20 +90,34 @@ def test_max_models_unloads_the_least_recently_used_and_the_memory_goes(demo_eng
         assert loads.loaded[0]() is None  # nothing holds the unloaded model's weights
 
 
-def test_keep_alive_zero_unloads_after_the_answer_and_minus_one_never(demo_engine, other):
-    with running(demo_engine, load=Loads(), model="demo", others=(("other", other),),
-                 keep_alive_s=None) as (url, _):
+def gone(url: str, name: str, within: float = 10.0) -> bool:
+    """Whether `name` leaves /api/ps within `within` seconds."""
+    deadline = time.monotonic() + within
+    while f"{name}:latest" in ps(url):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_requests_keep_alive_overrides_the_servers(demo_engine, other):
+    with running(demo_engine, load=Loads(), model="demo", others=(("other", other),), keep_alive_s=None) as (url, _):
         c = ollama.Client(host=url)
         c.generate(model="other", prompt=ONCE, raw=True, options={"num_predict": 4}, keep_alive=0)
-        deadline = time.monotonic() + 10
-        while "other:latest" in ps(url) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert ps(url) == ["demo:latest"]  # the server's keep-alive (never) holds the default
+        assert gone(url, "other") and ps(url) == ["demo:latest"]  # 0: right after; the server's never
+    with running(demo_engine, load=Loads(), model="demo", others=(("other", other),), keep_alive_s=0.5) as (url, _):
+        c = ollama.Client(host=url)
         c.generate(model="other", prompt=ONCE, raw=True, options={"num_predict": 4}, keep_alive="-1")
         (kept,) = [m for m in c.ps().models if m.model == "other:latest"]
         assert kept.expires_at.year > 2100
-        time.sleep(1)
+        time.sleep(1.5)
+        assert "other:latest" in ps(url)  # -1: never, where the server's would have unloaded it
+        c.generate(model="other", prompt=ONCE, raw=True, options={"num_predict": 4})  # the server's again
+        assert gone(url, "other")
+        c.generate(model="other", prompt="")  # no prompt: loads it, as Ollama does...
         assert "other:latest" in ps(url)
+        unloaded = c.generate(model="other", prompt="", keep_alive=0)  # ...and with keep_alive 0 unloads it
+        assert unloaded.done_reason == "unload" and "other:latest" not in ps(url)
 
 
 def test_a_model_that_cannot_load_is_that_requests_error(demo_engine, tmp_path):
