@@ -228,6 +228,7 @@ def serve(
     from specgen.engine.engine import Engine
     from specgen.serve import ServeConfig, make_server, require_extra
     from specgen.serve.apis.ollama import seconds
+    from specgen.serve.models import fewer_arenas
 
     require_extra()
     check(max_tokens=max_tokens, draft=draft, dtype=dtype, max_batch=max_batch)
@@ -245,6 +246,8 @@ def serve(
     except ValueError as e:
         usage(f"--keep-alive: {e}")
     names = [registry.served_name(m) for m in specs]
+    if len(specs) > 1:
+        fewer_arenas()  # before any model loads: what an unloaded one freed goes back
     # before the slow load: it refuses a key no request could send
     config = ServeConfig(model_name=names[0], model=specs[0], others=tuple(zip(names[1:], specs[1:])),
                          max_models=max_models, keep_alive_s=keep_alive_s, max_tokens=max_tokens, draft=draft,

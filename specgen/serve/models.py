@@ -225,3 +225,14 @@ def _give_back_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc (macOS: Metal buffers go with clear_cache)
         pass
+
+
+def fewer_arenas() -> None:
+    """On glibc, at most two malloc arenas from here on (as MALLOC_ARENA_MAX=2): each thread that
+    loads or runs a model otherwise gets its own, where what an unloaded model freed stays in the
+    process (docs/serving.md, "Several models"). Called before the first model loads."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
