@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from specgen import defaults
+from specgen.cli import options
 from specgen.cli.kit import Notices, cli_errors
 from specgen.errors import SettingError, SpecgenError
 
@@ -38,24 +38,19 @@ SETTABLE = {"temperature": "temp", "temp": "temp", "top_p": "top_p", "top_k": "t
 
 @cli_errors
 def chat(
-    model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
-                              help="Alias from models.toml, Hugging Face repo id, or local folder."),
-    max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens an answer has."),
-    draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
-                                        help="As in run: fixed drafts of up to N tokens; 0 = plain decoding. Default: adaptive."),
-    memory: bool = typer.Option(False, "--memory", help="Learn from and add to this model's n-gram memory of earlier outputs."),
-    temp: float = typer.Option(defaults.TEMP, "--temp", help="Sampling temperature; 0 = greedy."),
-    top_p: float = typer.Option(defaults.TOP_P, "--top-p", help="Nucleus sampling: keep this much probability mass (0 = off)."),
-    top_k: int = typer.Option(defaults.TOP_K, "--top-k", help="Sample among the k most likely tokens (0 = off)."),
-    min_p: float = typer.Option(defaults.MIN_P, "--min-p", help="Drop tokens below min-p times the top probability (0 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed: same seed, same text.", show_default=False),
-    system: Optional[str] = typer.Option(None, "--system", help="System message.", show_default=False),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Convert (and dequantize) the weights to this dtype.",
-                                        show_default=False),
-    json_schema: Optional[str] = typer.Option(None, "--json-schema", show_default=False,
-                                              help="Every answer is JSON valid under the JSON Schema in FILE."),
-    grammar: Optional[str] = typer.Option(None, "--grammar", show_default=False,
-                                          help="Every answer follows the Lark grammar in FILE."),
+    model: str = options.MODEL,
+    max_tokens: int = options.MAX_TOKENS,
+    draft: Optional[int] = options.DRAFT,
+    memory: bool = options.MEMORY,
+    temp: float = options.TEMP,
+    top_p: float = options.TOP_P,
+    top_k: int = options.TOP_K,
+    min_p: float = options.MIN_P,
+    seed: Optional[int] = options.SEED,
+    system: Optional[str] = options.SYSTEM,
+    dtype: Optional[str] = options.DTYPE,
+    json_schema: Optional[str] = options.JSON_SCHEMA,
+    grammar: Optional[str] = options.GRAMMAR,
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summaries or notices on stderr."),
 ):
     """Talk with a model, turn after turn: the conversation's cache and drafter are kept, so each

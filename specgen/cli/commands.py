@@ -16,6 +16,7 @@ import typer
 
 from specgen import __version__, defaults
 from specgen.cli import chat as cli_chat
+from specgen.cli import options
 from specgen.cli import tools as cli_tools
 from specgen.cli.kit import (
     DTYPE_HELP,
@@ -59,8 +60,7 @@ def main_options(version: bool = typer.Option(False, "--version", callback=_vers
 @cli_errors
 def run(
     prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' or piped input reads stdin.", show_default=False),
-    model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
-                              help="Alias from models.toml, Hugging Face repo id, or local folder."),
+    model: str = options.MODEL,
     file: Optional[str] = typer.Option(None, "-f", "--file", help="Read the prompt from a file ('-' = stdin).", show_default=False),
     prompts: Optional[str] = typer.Option(None, "--prompts", show_default=False,
                                           help="Run many prompts with one model load: JSONL {\"prompt\" or \"messages\", \"id\"} or plain lines ('-' = stdin); one JSON result line each."),
@@ -70,28 +70,25 @@ def run(
                                              help=f"With --prompts: decode up to N prompts together, each speculating (1 = one at a time). Default: {defaults.BATCH}."),
     predict: Optional[str] = typer.Option(None, "--predict", show_default=False,
                                           help="A file with text the output is expected to repeat (e.g. the file being edited): drafts come from it; the output is unchanged."),
-    max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens to generate."),
-    draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
-                                        help="Draft exactly up to N tokens per step with the plain n-gram predictor; 0 = plain decoding. Default: the adaptive drafter chooses."),
-    memory: bool = typer.Option(False, "--memory", help="Learn from and add to this model's n-gram memory of earlier outputs."),
+    max_tokens: int = options.MAX_TOKENS,
+    draft: Optional[int] = options.DRAFT,
+    memory: bool = options.MEMORY,
     recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure this model's verify-cost curve again."),
     ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
     window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
-    temp: float = typer.Option(defaults.TEMP, "--temp", help="Sampling temperature; 0 = greedy."),
-    top_p: float = typer.Option(defaults.TOP_P, "--top-p", help="Nucleus sampling: keep this much probability mass (0 = off)."),
-    top_k: int = typer.Option(defaults.TOP_K, "--top-k", help="Sample among the k most likely tokens (0 = off)."),
-    min_p: float = typer.Option(defaults.MIN_P, "--min-p", help="Drop tokens below min-p times the top probability (0 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed: same seed, same text. Default: random.", show_default=False),
+    temp: float = options.TEMP,
+    top_p: float = options.TOP_P,
+    top_k: int = options.TOP_K,
+    min_p: float = options.MIN_P,
+    seed: Optional[int] = options.SEED,
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
-    system: Optional[str] = typer.Option(None, "--system", help="System message (chat template only).", show_default=False),
+    system: Optional[str] = options.SYSTEM,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object with text and stats instead of streaming."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No live stats, summary or notices on stderr."),
     color: bool = typer.Option(False, "--color", help="Colour the text that came from accepted drafts."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
-    json_schema: Optional[str] = typer.Option(None, "--json-schema", show_default=False,
-                                              help="The output is JSON valid under the JSON Schema in FILE (every prompt's, unless its line has a \"response_format\")."),
-    grammar: Optional[str] = typer.Option(None, "--grammar", show_default=False,
-                                          help="The output follows the Lark grammar in FILE."),
+    dtype: Optional[str] = options.DTYPE,
+    json_schema: Optional[str] = options.JSON_SCHEMA,
+    grammar: Optional[str] = options.GRAMMAR,
 ):
     """Generate text from a prompt (or many: --prompts), speculating with an n-gram predictor."""
     from specgen.cli.display import TextView

@@ -48,14 +48,14 @@ def describe(engine: Engine, name: str) -> dict:
     for path, v in flat:  # quantized weights: 32 / bits to a uint32; their scales and biases are no weights
         if not (bits and path.endswith((".scales", ".biases"))):
             count += v.size * (32 // bits if bits and v.dtype == mx.uint32 else 1)
-    family = config.get("model_type", "unknown")
+    family, tools = config.get("model_type", "unknown"), templated(engine)
     level = f"Q{bits}" if bits else (loaded.dtype or str(config.get("torch_dtype", "float32"))).upper()
     return {"name": f"{name}:{TAG}", "model": f"{name}:{TAG}", "size": sum(v.nbytes for _, v in flat),
             "digest": hashlib.sha256(f"{loaded.calibration_key}|{name}".encode()).hexdigest(),
             "details": {"parent_model": "", "format": "safetensors", "family": family, "families": [family],
                         "parameter_size": _short(count), "quantization_level": level.replace("FLOAT", "F")},
-            "parameter_count": count, "context_length": loaded.context_length, "tools": templated(engine),
-            "template": (getattr(loaded.tokenizer, "chat_template", None) or "") if templated(engine) else ""}
+            "parameter_count": count, "context_length": loaded.context_length, "tools": tools,
+            "template": (getattr(loaded.tokenizer, "chat_template", None) or "") if tools else ""}
 
 
 def _short(count: int) -> str:

@@ -21,7 +21,7 @@ after. Layers without one (the state caches of state-space layers) are simply no
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Sequence
 
 import mlx.core as mx
@@ -83,5 +83,5 @@ def stoppable(cache: Sequence, stop: Callable[[], bool] | None, positions: int):
     """Within it, a pass of `positions` over `cache` runs a layer at a time and raises Stopped as
     soon as `stop()` says so (None, or a piece under STOPPABLE: it runs as it would)."""
     if stop is None or positions < STOPPABLE:
-        return _wrapped((), _eager)
+        return nullcontext()
     return _wrapped(cache, lambda update: _stoppable(update, stop))

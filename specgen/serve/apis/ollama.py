@@ -40,10 +40,6 @@ from specgen.structured.formats import Format, parse
 
 DURATION = re.compile(r"-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|-?\d+(\.\d+)?")  # Go's, or seconds
 TAG = "latest"  # what /api/tags appends to a model's name; every route takes the name with or without it
-# Options that place or pace the work but leave the text as it is: accepted, whatever their value.
-PLACEMENT = ("num_keep", "num_batch", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "num_thread", "numa",
-             "low_vram", "f16_kv", "vocab_only", "logits_all", "embedding_only", "repeat_last_n",
-             "penalize_newline", "mirostat_tau", "mirostat_eta")
 # Options that change the text, with the values at which they change nothing.
 NO_OP = {"repeat_penalty": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
          "typical_p": (1, 1.0), "tfs_z": (1, 1.0), "mirostat": (0,)}
