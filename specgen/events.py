@@ -79,10 +79,12 @@ class Verdict(NamedTuple):
 class Ahead(NamedTuple):
     """A drafter's continuation past a draft not yet verified (`Drafter.continuation`): the tokens
     it would draft next if that draft held (the first one a guess at the verify pass's own next
-    token), and the chance it gives that draft of holding whole."""
+    token), the chance it gives that draft of holding whole, and each of its tokens' chance of
+    holding given the ones before it."""
 
     tokens: list[int]
     chance: float
+    chances: Sequence[float] = ()
 
 
 class PredictionCounts(NamedTuple):
@@ -104,6 +106,10 @@ class Drafter(Protocol):
     def saves(self, room: int) -> float:
         """What the draft `draft` would make here saves over a plain step, as a share of one
         (0: it would draft nothing); asked of steps that cannot use a draft, nothing remembered."""
+
+    def chances(self) -> Sequence[float] | None:
+        """Each token of its last draft's chance of holding, given the ones before it (None: it
+        does not estimate them)."""
 
     def continuation(self, drafts: Sequence[int], room: int) -> Ahead | None:
         """What it would draft after `drafts` (its last draft, or none) if they held: a guess at

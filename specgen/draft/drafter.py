@@ -112,6 +112,10 @@ class AdaptiveDrafter:
         behind, self._behind = self._behind, None
         if last is not None and verdict is not None:
             self._learn(last, tokens, verdict)
+        elif last is not None and tokens:
+            # A draft a batch's step cut to nothing (too dear there): its first token is judged
+            # all the same, so a row priced out at the priors learns what alone it would have.
+            self._record(last, tokens[0] == last.tokens[0], 1, self.tokens[-1])
         if behind is not None:
             self._judge_guess(behind, tokens, last, verdict)
         toks, longest = self.tokens, self._hashed
@@ -191,6 +195,10 @@ class AdaptiveDrafter:
         self.last = made = self._propose(room)
         return [] if made is None else made.tokens
 
+    def chances(self) -> list[float] | None:
+        """Each token of the last draft's chance of holding, given the ones before it."""
+        return None if self.last is None else self.last.chances
+
     def continuation(self, drafts: Sequence[int], room: int) -> Ahead:
         """What it would draft after `drafts` (the pass in flight's drafts: its last draft, or none)
         if they all held, for a pass queued before the verdict on them is read: a guess at that
@@ -205,7 +213,7 @@ class AdaptiveDrafter:
             self._behind = None
             return Ahead([], 0.0 if drafts else 1.0)
         self._behind = made.after(len(drafts))
-        return Ahead(self._behind.tokens, math.prod(made.chances[: len(drafts)]))
+        return Ahead(self._behind.tokens, math.prod(made.chances[: len(drafts)]), self._behind.chances)
 
     def saves(self, room: int) -> float:
         """What the draft `draft(room)` would make saves over a plain step, as a share of one:

@@ -81,6 +81,10 @@ class NGramPredictor:
         estimated: as if each saved a whole step), else 0.0."""
         return 1.0 if self.draft(min(n, 1)) else 0.0
 
+    def chances(self) -> None:
+        """Its drafts' chances are not estimated."""
+        return None
+
     def continuation(self, drafts, room: int) -> None:
         """A fixed draft length (--draft N) is the user's choice: no pass is queued past one."""
         return None

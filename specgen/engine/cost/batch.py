@@ -212,15 +212,16 @@ def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibr
     return measured, None
 
 
-def best_width(rates: list[float], lengths: list[int], step: CostFn, every: bool = False) -> int:
+def best_width(held: list[list[float]], step: CostFn, every: bool = False) -> int:
     """The most drafted tokens any row keeps this step: the k that maximises the rows' expected
-    tokens (row i's j-th draft held with chance rates[i] ** j, so far as its draft reaches) over
-    the cost of a step of k + 1 positions a row; among the rows' lengths, or `every` k up to the
-    longest (a bound on drafts not made yet: 0 there means none of them would be kept)."""
+    tokens (row i's first j drafts all hold with chance held[i][j - 1], so far as its draft
+    reaches) over the cost of a step of k + 1 positions a row; among the rows' lengths, or `every`
+    k up to the longest (a bound on drafts not made yet: 0 there means none of them would be kept)."""
     def tokens(k: int) -> float:
-        return sum(1 + sum(a ** j for j in range(1, min(k, n) + 1)) for a, n in zip(rates, lengths))
+        return sum(1 + sum(h[:k]) for h in held)
 
-    widths = range(max(lengths) + 1) if every else sorted({0, *lengths})
+    longest = max(map(len, held), default=0)
+    widths = range(longest + 1) if every else sorted({0, *map(len, held)})
     return max(widths, key=lambda k: tokens(k) / step(k))
 
 
@@ -230,7 +231,9 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
     single-sequence curve); with more rows, adaptive drafters weigh drafts by what a step costs
     there, and stay silent where no draft pays (fixed-length drafters draft as told). Every row
     pays for the widest draft, so the step's width is the one that yields the most tokens for
-    its cost over all rows, and longer drafts are drafted again to fit it."""
+    its cost over all rows (each row's draft worth what its drafter says it is: a row priced by
+    its acceptance so far, which only drafts move, never drafted in a batch where a draft's first
+    step had to pay at the priors), and longer drafts are drafted again to fit it."""
     if pricing is None or count == 1:
         for r in rows:
             _price(r.seq.drafter, r.own_cost)
@@ -242,21 +245,20 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
         if priced and cost is not None:
             _price(r.seq.drafter, cost)
         drafts.append(r.seq.step_draft(on=not priced or cost is not None))
-    k = best_width([r.seq.acceptance for r in rows], [len(d) for d in drafts], pricing.step(count, slots))
+    k = best_width([r.seq.holds(d) for r, d in zip(rows, drafts)], pricing.step(count, slots))
     return [d if len(d) <= k else r.seq.step_draft(on=True, most=k) for r, d in zip(rows, drafts)]
 
 
 def drafts_coming(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> bool:
     """Whether a draft some row would make at its next step could be kept there (then no pass is
     queued ahead of the verdict it needs): a lone row's drafter decides; with more, `best_width`
-    over every width up to each willing row's cap, by its acceptance so far. ("Any row would
-    draft" ran a third of chat's steps synchronously for drafts the width then cut to nothing.)"""
+    over the drafts the rows' drafters would make, each worth what its drafter says. ("Any row
+    would draft" ran a third of chat's steps synchronously for drafts the width then cut to
+    nothing.)"""
     alone = pricing is None or count == 1
     on = alone or pricing.drafting(count, slots) is not None
-    wants = [r.seq.would_draft(on or r.own_cost is None) for r in rows]
-    return any(wants) and (alone or best_width([r.seq.acceptance for r in rows],
-                                               [r.seq.cap if w else 0 for r, w in zip(rows, wants)],
-                                               pricing.step(count, slots), every=True) > 0)
+    held = [r.seq.coming(on or r.own_cost is None) for r in rows]
+    return any(held) and (alone or best_width(held, pricing.step(count, slots), every=True) > 0)
 
 
 def _price(drafter, cost: CostFn | None) -> None:

@@ -13,6 +13,8 @@ grammar told). The loops own only their passes: building, queuing, reading and r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import mul
 from typing import Callable
 from typing import Sequence as Ids
 
@@ -153,11 +155,28 @@ class Sequence:
         drafts = self.drafter.draft(room) if on and self.speculation.on and room > 0 else []
         return self.with_forced(drafts, room)
 
-    def would_draft(self, on: bool) -> bool:
-        """Whether it would draft at its next step (`on`: drafting pays): a pass queued ahead of
-        its verdict would lose that draft."""
+    def holds(self, drafts: list[int]) -> list[float]:
+        """The chance that this step's first j `drafts` all hold, for j = 1, 2, ...: its drafter's
+        own estimate where it made these drafts, else its acceptance so far to the j-th power."""
+        chances = self.drafter.chances() if self.own and self.constraint is None else None
+        if chances is None or len(chances) != len(drafts):
+            return [self.acceptance ** j for j in range(1, len(drafts) + 1)]
+        return list(accumulate(chances, mul))
+
+    def coming(self, on: bool) -> list[float]:
+        """The draft it would make at its next step (`on`: drafting pays), as the chance that its
+        first j tokens all hold for j = 1, 2, ... ([]: none): a pass queued ahead of its verdict
+        would lose it. As alone (loop.py's `behind`), its drafter guesses the token in flight
+        first (a guess judged once that token comes: a row that never drafts still learns how its
+        guesses fare), then drafts past the guess as far as they pay."""
         room = self.room(pos=self.pos + 1)
-        return on and self.speculation.on and room > 0 and self.drafter.saves(room) > 0
+        if not (on and self.speculation.on and room > 0):
+            return []
+        ahead = self.drafter.continuation([], room + 1)
+        if ahead is None:  # a drafter that makes no continuations (a fixed draft length)
+            held = self.acceptance if self.drafter.saves(room) > 0 else 0.0
+            return [held ** j for j in range(1, room + 1)] if held else []
+        return list(accumulate(ahead.chances[1:], mul))
 
     def verdict(self, logits: mx.array, ahead: int = 0) -> mx.array:
         """Lazily, the selector's tokens and near-tie flags (sampling.py) for a pass whose rows
