@@ -254,6 +254,31 @@ def test_pricing_drafts_where_a_wider_step_pays_and_not_where_it_does_not(storie
     assert measured.slot_s + measured.position_slot_s > 0
 
 
+def test_rows_priced_dear_still_draft_where_their_drafters_trust_a_copy(stories):
+    # The proxy's grid at 4 rows (a step of 2 positions 1.3 plain ones) with queued plain steps
+    # 15% cheaper: at an acceptance of one in two, which a row has until it drafts, no width pays,
+    # so rows that would copy their prompt whole never drafted. Each row's draft is worth what
+    # its drafter says (it trusts a copy), and what it emits is what it emits alone.
+    dear = Pricing(Measured({1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, 4: {1: 1.0, 2: 1.3, 4: 1.93, 8: 3.15}}),
+                   overlap=0.15)
+    text = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+            "sun. One day, she saw a big red ball in the park.")
+    story = stories.tokenizer.encode(" ".join([text] * 3))
+    prompts = [story + story[: 3 * i] for i in range(4)]
+    batch = Batch(stories.model, max_rows=4, pricing=dear)
+    for i, p in enumerate(prompts):
+        batch.add(i, p, drafter=make_drafter(None), draft=64, max_tokens=60)
+    out, accepted = {i: [] for i in range(4)}, 0
+    for events in batch.run():
+        for key, e in events:
+            if isinstance(e, Step):
+                out[key] += e.tokens
+                accepted += e.accepted
+    assert accepted > 40
+    for i, p in enumerate(prompts):
+        assert out[i] == run(stories.model, p, drafter=make_drafter(None), draft=64, max_tokens=60)[0]
+
+
 def test_drafts_that_pay_over_a_short_cache_do_not_over_a_long_one():
     # Every row attends over the whole buffer: each slot adds to a wide step more than to a plain one.
     curve = {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8}
