@@ -12,6 +12,11 @@ whether every text equals the other server's.
 Batch: the same prompt file of --batch-prompts prompts through `specgen run --prompts --batch N`
 and through mlx_lm.batch_generate, each a whole process (load included), alternating.
 
+Alone (`--only alone`): the bound speculation sets on the serving figures. Each level's very
+requests (the same numbers), one at a time in process, plain (draft 0) and speculative: a round's
+bound is its slowest plain request over its slowest speculative one, what the two servers would
+give if every request ran at once as fast as alone.
+
 Long prefill: while a long prompt (--long-tokens) is being prefilled, a short request is sent;
 its time to first token shows whether prefill is chunked between decode steps.
 
@@ -48,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import ROOT, SETS, SHARED, float32_model, start  # noqa: E402  (benchmarks/serve.py's helpers)
 
 SERVERS = ("specgen", "mlx_lm")
+WARMUPS = 6  # requests numbered first + 1 ... first + 6 warm the servers up (three each); timed ones follow
 SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9,
                rms_norm_eps=1e-5, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192)
 RANDOM = {  # --arch: SmolLM2's shape with other layers
@@ -159,28 +165,68 @@ def serving(model: str, levels: list[int], rounds: int, max_tokens: int, max_bat
                for name in SERVERS}
     clients = {k: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=1800)
                for k, (_, url) in servers.items()}
+    plan = timed_numbers(first, levels, rounds)
     try:
         for c in clients.values():  # the first requests pay for kernels and, alone, calibration
             at_once(c, [numbered(n := n + 1, pool)], 8)
             at_once(c, [numbered(n := n + 1, pool) for _ in range(2)], 8)
-        n += 1  # the warm-ups used numbers up to n: the timed requests start past it, new to both servers
-        for clients_at_once in levels:
+        for i, clients_at_once in enumerate(levels):
             per = {k: [] for k in SERVERS}
-            for r in range(rounds):
-                prompts = [numbered(n + i, pool) for i in range(clients_at_once)]
-                n += clients_at_once
+            for r, (_, numbers) in enumerate(plan[i * rounds : (i + 1) * rounds]):
+                prompts = [numbered(m, pool) for m in numbers]
                 for k in (SERVERS if r % 2 == 0 else SERVERS[::-1]):
                     per[k].append(at_once(clients[k], prompts, max_tokens))
             rows.append(level_row(clients_at_once, per))
             print(json.dumps(rows[-1]), flush=True)
         if long:
-            rows.append(long_prefill(clients, pool, n, max_tokens))
+            after = plan[-1][1][-1] + 1 if plan else first + WARMUPS + 1
+            rows.append(long_prefill(clients, pool, after, max_tokens))
             print(json.dumps(rows[-1]), flush=True)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
     return rows
+
+
+def timed_numbers(first: int, levels: list[int], rounds: int) -> list[tuple[int, list[int]]]:
+    """(clients, request numbers) of each round of each level, as `serving` numbers them."""
+    n, out = first + WARMUPS + 1, []
+    for clients in levels:
+        for _ in range(rounds):
+            out.append((clients, list(range(n, n + clients))))
+            n += clients
+    return out
+
+
+def alone(model: str, levels: list[int], rounds: int, max_tokens: int, first: int) -> list[dict]:
+    """Per level, the median over rounds of the lone-request bound (see the module docstring)."""
+    import specgen  # in process: only this part needs the model here
+
+    pool = prompt_pool()
+    loaded, tokenizer = specgen.load(model)
+    specgen.generate(loaded, tokenizer, "Hello", max_tokens=8)  # kernels, and the cost curve once
+
+    def seconds(ids, **kw) -> tuple[float, str]:
+        start, text = None, []
+        for r in specgen.stream_generate(loaded, tokenizer, ids, max_tokens=max_tokens, **kw):
+            start = start or time.perf_counter()  # from the first token, as decode tok/s
+            text.append(r.text)
+        return time.perf_counter() - start, "".join(text)
+
+    per: dict[int, list[float]] = {}
+    identical = True
+    for clients, numbers in timed_numbers(first, levels, rounds):
+        plain, spec = [], []
+        for n in numbers:
+            ids = tokenizer.apply_chat_template(numbered(n, pool), add_generation_prompt=True)
+            (a, text_a), (b, text_b) = seconds(ids, draft=0), seconds(ids)
+            plain.append(a), spec.append(b)
+            identical &= text_a == text_b
+        per.setdefault(clients, []).append(max(plain) / max(spec))
+    return [{"set": "alone", "clients": c, "bound_median": round(statistics.median(v), 3),
+             "bound_min": round(min(v), 3), "bound_max": round(max(v), 3), "identical": identical}
+            for c, v in per.items()]
 
 
 def long_prefill(clients: dict, pool: list[list[dict]], n: int, max_tokens: int, long_chars: int = 16000) -> dict:
@@ -266,15 +312,18 @@ def main():
     ap.add_argument("--first", type=int, default=0,
                     help="number requests from here (the same numbers on fresh servers ask the same questions)")
     ap.add_argument("--no-long", action="store_true", help="skip the short-during-long-prefill measurement")
-    ap.add_argument("--only", choices=["serve", "batch"], help="run one part only")
+    ap.add_argument("--only", choices=["serve", "batch", "alone"], help="run one part only")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "concurrency.jsonl"))
     args = ap.parse_args()
     model = args.model or (random_model(args.arch) if args.arch else float32_model())
     (Path.home() / ".cache" / "huggingface" / "hub").mkdir(parents=True, exist_ok=True)  # mlx_lm's /v1/models
     rows = []
-    if args.only != "batch":
+    if args.only == "alone":
+        rows += alone(model, args.levels, args.rounds, args.max_tokens, args.first)
+        print("\n".join(json.dumps(r) for r in rows), flush=True)
+    elif args.only != "batch":
         rows += serving(model, args.levels, args.rounds, args.max_tokens, args.max_batch, not args.no_long, args.first)
-    if args.only != "serve":
+    if args.only in (None, "batch"):
         rows.append(batch_job(model, args.batch_prompts, args.batch, args.max_tokens, args.batch_rounds))
         print(json.dumps(rows[-1]), flush=True)
     blas = "OpenBLAS" if "openblas" in os.environ.get("LD_PRELOAD", "") else "bundled BLAS"

@@ -14,6 +14,9 @@ evidence fares, which tokens copies break after, which tokens the output substit
 
 A caller's `prediction` (OpenAI's Predicted Outputs: text the output is expected to repeat) is one
 more copy source, followed and trusted while the output follows it (prediction.py).
+
+One idea, kept whole past 300 lines: what it drafts and how each verdict teaches it are read
+together (the sources and the evidence live in their own modules).
 """
 
 from __future__ import annotations

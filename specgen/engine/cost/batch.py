@@ -231,9 +231,9 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
     single-sequence curve); with more rows, adaptive drafters weigh drafts by what a step costs
     there, and stay silent where no draft pays (fixed-length drafters draft as told). Every row
     pays for the widest draft, so the step's width is the one that yields the most tokens for
-    its cost over all rows (each row's draft worth what its drafter says it is: a row priced by
-    its acceptance so far, which only drafts move, never drafted in a batch where a draft's first
-    step had to pay at the priors), and longer drafts are drafted again to fit it."""
+    its cost over all rows, each row's draft worth what its drafter says (`Sequence.holds`: by
+    its acceptance so far, which only drafts move, a row priced out at the priors never drafted),
+    and longer drafts are drafted again to fit it."""
     if pricing is None or count == 1:
         for r in rows:
             _price(r.seq.drafter, r.own_cost)
