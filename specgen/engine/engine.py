@@ -211,9 +211,9 @@ class Engine:
                          found.curve if found else None)
         stats.draft_mode, stats.temp = str(mode), opts.temp
         stats.seed, stats.cached_tokens = getattr(selector, "seed", None), request.cached
-        # A grammar's forced tokens are near-certain drafts: they pay where the drafter's own cannot
-        # on average, which it still weighs draft by draft.
-        off = request.off or (found.off if found and constraint is None else None)
+        # A grammar's forced tokens and a caller's prediction are near-certain drafts: they pay
+        # where the drafter's own cannot on average, which it still weighs draft by draft.
+        off = request.off or (found.off if found and constraint is None and not prediction else None)
         stop_ids = self.loaded.stop_ids if request.stop_ids is None else request.stop_ids
         sequence = Sequence(list(request.ids), drafter=drafter, draft=mode.cap, max_tokens=opts.max_tokens,
                             stop_tokens=stop_ids,
