@@ -19,7 +19,6 @@ from specgen.cli import chat as cli_chat
 from specgen.cli import options
 from specgen.cli import tools as cli_tools
 from specgen.cli.kit import (
-    DTYPE_HELP,
     EXIT_INTERRUPTED,
     Notices,
     cli_errors,
@@ -73,9 +72,9 @@ def run(
     max_tokens: int = options.MAX_TOKENS,
     draft: Optional[int] = options.DRAFT,
     memory: bool = options.MEMORY,
-    recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure this model's verify-cost curve again."),
-    ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
-    window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
+    recalibrate: bool = options.RECALIBRATE,
+    ngram_order: int = options.NGRAM_ORDER,
+    window: int = options.WINDOW,
     temp: float = options.TEMP,
     top_p: float = options.TOP_P,
     top_k: int = options.TOP_K,
@@ -201,7 +200,7 @@ def serve(
                                         "answer) or -1 (never). Requests may set their own (keep_alive)."),
     host: str = typer.Option(serve_config.HOST, "--host", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(serve_config.PORT, "--port", help="Port to listen on."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
+    dtype: Optional[str] = options.DTYPE,
     memory: bool = typer.Option(False, "--memory", help="Learn every response into this model's memory and draft from it."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECGEN_API_KEY", show_default=False,
                                           help="Require the key on /v1/ requests: 'Authorization: Bearer KEY' or 'x-api-key: KEY' (Anthropic's clients)."),
@@ -215,7 +214,7 @@ def serve(
     max_tokens: int = typer.Option(defaults.MAX_TOKENS, "-n", "--max-tokens", help="Most tokens for a request that sets no max_tokens."),
     draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
                                         help="As in run: fixed drafts of up to N tokens; 0 = plain decoding. Default: adaptive."),
-    recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure this model's verify-cost curve again."),
+    recalibrate: bool = options.RECALIBRATE,
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No request log lines or notices on stderr."),
 ):
     """Serve models over HTTP, speculating: OpenAI's chat and text completions and Responses (Codex),

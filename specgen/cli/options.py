@@ -1,5 +1,6 @@
-"""The flags `run` and `chat` both take, each declared once (typer reads a declaration, and does
-not change it, so one serves every command that lists it)."""
+"""The flags several commands take (`run`, `chat`, `serve`, `bench`, `simulate`), each declared
+once (typer reads a declaration, and does not change it, so one serves every command that lists
+it)."""
 
 import typer
 
@@ -24,6 +25,9 @@ SEED = typer.Option(None, "--seed", show_default=False,
                     help="Sampling seed: same seed, same text. Default: random.")
 SYSTEM = typer.Option(None, "--system", help="System message (chat template only).", show_default=False)
 DTYPE = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False)
+RECALIBRATE = typer.Option(False, "--recalibrate", help="Measure this model's verify-cost curve again.")
+NGRAM_ORDER = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses.")
+WINDOW = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps.")
 JSON_SCHEMA = typer.Option(None, "--json-schema", show_default=False,
                            help="The output is JSON valid under the JSON Schema in FILE (with --prompts, "
                                 "every line's but one with its own \"response_format\").")

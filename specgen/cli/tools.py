@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 
 from specgen import defaults
+from specgen.cli import options
 from specgen.cli.kit import (
-    DTYPE_HELP,
     Notices,
     cli_errors,
     fail,
@@ -28,8 +28,8 @@ def simulate(
                                             help="Sentencepiece .model, tokenizer.json, or a model folder or alias (needed for text traces)."),
     draft: Optional[int] = typer.Option(None, "--draft", show_default=False,
                                         help="Fixed draft length with the plain n-gram predictor (as run --draft). Default: the adaptive drafter."),
-    ngram_order: int = typer.Option(defaults.MAX_ORDER, "--ngram-order", help="Longest n-gram the predictor uses."),
-    window: int = typer.Option(defaults.WINDOW, "--window", help="Tokens of history the predictor keeps."),
+    ngram_order: int = options.NGRAM_ORDER,
+    window: int = options.WINDOW,
     beta: float = typer.Option(defaults.BETA, "--beta", help="Verify cost per drafted token, relative to one forward pass."),
     memory: bool = typer.Option(False, "--memory", help="Replay each file's traces in order into a memory of its own that starts empty (a file is one model's outputs)."),
     pipeline_after: Optional[int] = typer.Option(None, "--pipeline-after", show_default=False,
@@ -76,18 +76,17 @@ def simulate(
 
 @cli_errors
 def bench(
-    model: str = typer.Option(defaults.MODEL, "-m", "--model", envvar=defaults.MODEL_ENV,
-                              help="Alias from models.toml, Hugging Face repo id, or local folder."),
+    model: str = options.MODEL,
     prompts: Optional[str] = typer.Option(None, "--prompts", show_default=False,
                                           help="Your prompts: one per line, or JSONL {\"prompt\" or \"messages\", \"set\"}. Default: built-in sets."),
     max_tokens: int = typer.Option(defaults.BENCH_MAX_TOKENS, "-n", "--max-tokens", help="Tokens per prompt."),
     repeats: int = typer.Option(defaults.BENCH_REPEATS, "--repeats", help="Timed rounds per set."),
     draft: Optional[int] = typer.Option(None, "--draft", show_default=False, help="Fixed draft length (as run --draft); default: adaptive."),
-    recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure the verify-cost curve again."),
+    recalibrate: bool = options.RECALIBRATE,
     memory: bool = typer.Option(False, "--memory", help="Draft with this model's memory of earlier outputs, read-only (bench adds nothing to it)."),
     raw: bool = typer.Option(False, "--raw", help="Send prompts without the chat template."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one object per prompt set."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP, show_default=False),
+    dtype: Optional[str] = options.DTYPE,
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or notices on stderr."),
 ):
     """Measure specgen against mlx-lm's plain greedy decoding on the same prompts."""
