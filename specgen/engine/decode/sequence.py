@@ -160,7 +160,7 @@ class Sequence:
         own estimate where it made these drafts, else its acceptance so far to the j-th power."""
         chances = self.drafter.chances() if self.own and self.constraint is None else None
         if chances is None or len(chances) != len(drafts):
-            return [self.acceptance ** j for j in range(1, len(drafts) + 1)]
+            chances = [self.acceptance] * len(drafts)
         return list(accumulate(chances, mul))
 
     def coming(self, on: bool) -> list[float]:
@@ -174,9 +174,10 @@ class Sequence:
             return []
         ahead = self.drafter.continuation([], room + 1)
         if ahead is None:  # a drafter that makes no continuations (a fixed draft length)
-            held = self.acceptance if self.drafter.saves(room) > 0 else 0.0
-            return [held ** j for j in range(1, room + 1)] if held else []
-        return list(accumulate(ahead.chances[1:], mul))
+            chances = [self.acceptance] * room if self.drafter.saves(room) > 0 else []
+        else:
+            chances = ahead.chances[1:]
+        return list(accumulate(chances, mul))
 
     def verdict(self, logits: mx.array, ahead: int = 0) -> mx.array:
         """Lazily, the selector's tokens and near-tie flags (sampling.py) for a pass whose rows
