@@ -264,19 +264,11 @@ def test_rows_priced_dear_still_draft_where_their_drafters_trust_a_copy(stories)
     text = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
             "sun. One day, she saw a big red ball in the park.")
     story = stories.tokenizer.encode(" ".join([text] * 3))
-    prompts = [story + story[: 3 * i] for i in range(4)]
-    batch = Batch(stories.model, max_rows=4, pricing=dear)
-    for i, p in enumerate(prompts):
-        batch.add(i, p, drafter=make_drafter(None), draft=64, max_tokens=60)
-    out, accepted = {i: [] for i in range(4)}, 0
-    for events in batch.run():
-        for key, e in events:
-            if isinstance(e, Step):
-                out[key] += e.tokens
-                accepted += e.accepted
-    assert accepted > 40
-    for i, p in enumerate(prompts):
-        assert out[i] == run(stories.model, p, drafter=make_drafter(None), draft=64, max_tokens=60)[0]
+    rows = [dict(prompt=story + story[: 3 * i], max_tokens=60, stop_tokens=frozenset(), draft=64,
+                 selector=make_selector(0), adaptive=True) for i in range(4)]
+    got, _, events = batched(Batch(stories.model, max_rows=4, pricing=dear), rows, arrive=[0] * 4)
+    assert sum(s.accepted for e in events.values() for s in e) > 40
+    assert [got[i] for i in range(4)] == [solo(stories.model, r) for r in rows]
 
 
 def test_drafts_that_pay_over_a_short_cache_do_not_over_a_long_one():
