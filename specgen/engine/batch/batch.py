@@ -9,8 +9,11 @@ running rows), then runs ONE forward pass over every active row's last token plu
 rows padded to the widest, and judges each row by its sequence's rules, as decode.generate does:
 a row emits the longest accepted prefix of its draft plus the model's next token, and keeps just
 those entries.
-Rows join and leave between steps. Where every row feeds one token, the next pass is queued
-behind the one in flight before it is read (`Pass`), as mlx-lm's BatchGenerator queues.
+Rows join and leave between steps. The next pass is queued behind the one in flight before it
+is read (`Pass`, `_behind`), as mlx-lm's BatchGenerator queues its plain steps and as the single
+loop queues behind drafts: as if every draft in flight holds, each row fed its lazy token and
+its drafter's drafts past a guess at it, where that pays; a row whose drafts or tie make its
+input wrong sits the queued pass out, the others keep theirs.
 
 Events are decode.generate's (`Prefilled`, then one `Step` per pass), tagged with the row's key,
 so a row's events read as a single-sequence run's; a row whose grammar gives up ends with `Failed`
@@ -38,7 +41,7 @@ from specgen import defaults
 from specgen.engine.batch.cache import RaggedBatch
 from specgen.engine.batch.probe import probe
 from specgen.engine.batch.row import Row
-from specgen.engine.cost.batch import Pricing, drafts_coming, step_drafts
+from specgen.engine.cost.batch import Pricing, behind_drafts, step_drafts
 from specgen.engine.decode.eager import Stopped, eager, stoppable
 from specgen.engine.decode.loop import PREFILL_CHUNK
 from specgen.engine.decode.sampling import GREEDY, read_all
@@ -54,9 +57,10 @@ PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
 @dataclass
 class Pass:
     """A batched forward pass on the device, not read yet: its rows (in the order of its verdict's
-    columns), their drafts and tokens fed again, its logits and lazy verdict. A `plain` pass
-    (every row one token) is committed when launched; `queued`: launched behind another;
-    `dropped`: rows whose entry was taken back (they sit it out)."""
+    columns), their drafts and tokens fed again, its logits and lazy verdict. It is committed
+    when launched, as if every draft holds (what a row does not keep is taken back once judged);
+    `queued`: launched behind another; `dropped`: rows whose entries were taken back (they sit
+    it out)."""
 
     rows: list[Row]
     drafts: list[list[int]]
@@ -67,9 +71,9 @@ class Pass:
     queued: bool = False
     dropped: set[int] = field(default_factory=set)
 
-    @property
-    def plain(self) -> bool:
-        return self.width == 1
+    def fed(self, i: int) -> int:
+        """Positions its `i`-th row feeds."""
+        return self.again[i] + len(self.drafts[i]) + 1
 
     def column(self, row: Row) -> int | None:
         """`row`'s column in this pass, unless it has none or sits it out (`dropped`)."""
@@ -77,9 +81,11 @@ class Pass:
         return None if i in self.dropped else i
 
 
-def verdicts(logits: mx.array, rows: list[Row], spans: list[tuple[int, int]], ahead: int = 0) -> mx.array:
+def verdicts(logits: mx.array, rows: list[Row], spans: list[tuple[int, int]],
+             ahead: list[int] | None = None) -> mx.array:
     """Every row's lazy verdict (row.seq.verdict) on its `spans` (first position, count) of a pass's
-    logits, concatenated in `rows`' order. Greedy rows' in one set of reductions over the whole
+    logits, concatenated in `rows`' order (`ahead`: each row's tokens in the pass before, not
+    read yet). Greedy rows' in one set of reductions over the whole
     pass and one gather: a set per row cost ~15% of a plain step of 4 rows on the CPU proxy
     (MLX's CPU stream runs each small op as a task of its own)."""
     if all(r.seq.selector is GREEDY for r in rows):
@@ -87,8 +93,9 @@ def verdicts(logits: mx.array, rows: list[Row], spans: list[tuple[int, int]], ah
         every = GREEDY.verdict(logits.reshape(-1, logits.shape[-1]), 0)
         at = [r.place * width + a + j for r, (a, n) in zip(rows, spans) for j in range(n)]
         return every[:, mx.array(at, mx.int32)]
-    return mx.concatenate([r.seq.verdict(logits[r.place, a : a + n], ahead)
-                           for r, (a, n) in zip(rows, spans)], axis=1)
+    ahead = ahead or [0] * len(rows)
+    return mx.concatenate([r.seq.verdict(logits[r.place, a : a + n], k)
+                           for r, (a, n), k in zip(rows, spans, ahead)], axis=1)
 
 
 class Batch:
@@ -107,7 +114,7 @@ class Batch:
         self.waiting: list[Row] = []
         self.cache = RaggedBatch(probed.layers)
         self.rollback = probed.rollback  # as a row alone says it rolls back
-        self.queued: Pass | None = None  # a plain pass queued behind the last one, not read yet
+        self.queued: Pass | None = None  # a pass queued behind the last one, not read yet
         self.wasted = 0  # queued passes never read: every row had left (as mlx-lm's last step)
         self.counters = BatchCounters()  # mlx-lm's: prompt and decode tokens, steps and seconds
 
@@ -211,19 +218,17 @@ class Batch:
         chosen = read_all(cur.verdict, [len(d) + 1 for d in cur.drafts])  # the step's one read
         judged = {i: cur.rows[i].seq.judge(chosen[i], cur.logits[cur.rows[i].place, a : a + len(d) + 1], d)
                   for i in ours for d, a in [(cur.drafts[i], cur.again[i])]}
-        if not cur.plain:
+        for i, (tokens, _, tied) in judged.items():
             # A near-tied row keeps the entries up to the tied position's input, fed again alone
-            # below (a row with states keeps them short of it: they cannot drop it, and are restored).
-            kept = [0] * self.cache.rows
-            for i, (tokens, _, tied) in judged.items():
-                kept[cur.rows[i].place] = cur.again[i] + len(tokens) + (tied is not None and not self.cache.states)
-            self.cache.commit(cur.width, kept)
+            # below (a row with states keeps none: they cannot drop it, and are restored).
+            kept = cur.again[i] + len(tokens) + (tied is not None and not self.cache.states)
+            if self.cache.states and kept < cur.fed(i):
+                kept = 0
+            self._take_back(cur.rows[i], cur.fed(i) - kept, behind, kept < cur.fed(i) or tied is not None)
         events, done, index = [], set(), {id(r): j for j, r in enumerate(self.rows)}
         for i, (tokens, matched, tied) in judged.items():
             r, d = cur.rows[i], cur.drafts[i]
             if tied is not None:
-                if cur.plain:  # committed at launch: take back what the tie makes wrong
-                    self._untie(r, behind)
                 tokens, matched = self._confirm(r, [*r.seq.history, *d][r.seq.pos - 1 + tied], d, tied)
             step = r.seq.finish(tokens, len(d), matched, tied is not None, cur.queued)
             events.append((r.key, step if r.seq.failed is None else Failed(r.seq.failed)))
@@ -244,8 +249,7 @@ class Batch:
 
     def _launch(self) -> Pass:
         """This step's pass, read before the next is built: every row's last token (after any
-        accepted ones a restored state took back) and its draft. A pass where every row feeds
-        one token is committed now (each keeps it), so a pass can be queued behind it."""
+        accepted ones a restored state took back) and its draft."""
         drafts = step_drafts(self.rows, self.pricing, self.cache.rows, self.cache.slots.end)
         fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
         for r, d in zip(self.rows, drafts):
@@ -258,42 +262,62 @@ class Batch:
         again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
         verdict = verdicts(logits, self.rows, [(a, len(d) + 1) for d, a in zip(drafts, again)])
         mx.async_eval(verdict)
-        if width == 1:
-            self.cache.commit(1, [1] * self.cache.rows)
-        return Pass(list(self.rows), drafts, again, width, logits, verdict)
+        return self._committed(Pass(list(self.rows), drafts, again, width, logits, verdict))
+
+    def _committed(self, launched: Pass) -> Pass:
+        """`launched`, its rows' entries committed as if every draft holds (free rows keep none):
+        a pass may then be queued behind it."""
+        fed = [0] * self.cache.rows
+        for i, r in enumerate(launched.rows):
+            fed[r.place] = launched.fed(i)
+        self.cache.commit(launched.width, fed)
+        return launched
 
     def _behind(self, cur: Pass) -> Pass | None:
-        """A plain pass queued behind `cur` before it is read (as mlx-lm queues its steps), its
-        input each row's lazy token from `cur`; None where it could not be used whole: `cur`
-        drafts, rows are waiting to join or left it, a row's next token needs the host (a
-        grammar), or a draft some row would make at its next step could be kept."""
-        if (not cur.plain or cur.dropped or len(cur.rows) != len(self.rows)
+        """A pass queued behind `cur` before it is read (as mlx-lm queues its steps), as if every
+        draft of `cur` holds: each row's input is its lazy token from `cur`, then the drafts its
+        drafter would make past its guess at that token (cost/batch.py's `behind_drafts` weighs
+        them, and whether queuing pays at all). None where it could not be used whole: rows are
+        waiting to join or left `cur`, or sat it out, or a row's next token needs the host (a
+        grammar)."""
+        if (cur.dropped or len(cur.rows) != len(self.rows)
                 or (self.waiting and len(self.rows) < self.max_rows)
                 or not all(r.seq.queues for r in self.rows)):
             return None
-        if drafts_coming(self.rows, self.pricing, self.cache.rows, self.cache.slots.end):
+        count, slots = self.cache.rows, self.cache.slots.end
+        on = self.pricing is None or count == 1 or self.pricing.drafting(count, slots) is not None
+        coming = [r.seq.coming(d, on or r.own_cost is None) for r, d in zip(cur.rows, cur.drafts)]
+        more = behind_drafts(coming, self.pricing, count, slots)
+        if more is None:
             return None
-        column = [0] * self.cache.rows  # a free row is fed any token (masked out)
-        for i, r in enumerate(cur.rows):
-            column[r.place] = i
+        width = 1 + max(map(len, more))
+        column, drafts = [0] * count, [[PAD] * (width - 1)] * count  # a free row is fed any token
+        at = 0
+        for r, d, m in zip(cur.rows, cur.drafts, more):
+            at += len(d) + 1
+            column[r.place], drafts[r.place] = at - 1, m + [PAD] * (width - 1 - len(m))
         x = cur.verdict[0][mx.array(column, mx.int32)][:, None]
-        self.cache.begin([1] * self.cache.rows)
+        if width > 1:
+            x = mx.concatenate([x, mx.array(drafts, mx.uint32)], axis=1)
+        fed = [1] * count
+        for r, m in zip(cur.rows, more):
+            fed[r.place] = 1 + len(m)
+        self.cache.begin(fed)
         logits = self.model(x, cache=self.cache.layers)
-        verdict = verdicts(logits, cur.rows, [(0, 1)] * len(cur.rows), ahead=1)
+        verdict = verdicts(logits, cur.rows, [(0, len(m) + 1) for m in more], [len(d) + 1 for d in cur.drafts])
         mx.async_eval(verdict)
-        self.cache.commit(1, [1] * self.cache.rows)
         n = len(cur.rows)
-        return Pass(list(cur.rows), [[]] * n, [0] * n, 1, logits, verdict, queued=True)
+        return self._committed(Pass(list(cur.rows), more, [0] * n, width, logits, verdict, queued=True))
 
-    def _untie(self, row: Row, behind: Pass | None) -> None:
-        """A near-tied row of a pass committed at launch: the pass behind it was fed a token that
-        may not be the row's (its entry is taken back, and the row sits that pass out), and a row
-        with states is taken back to before this pass (its input is fed again alone)."""
-        i = behind.column(row) if behind else None
+    def _take_back(self, row: Row, entries: int, behind: Pass | None, unqueue: bool) -> None:
+        """Take back the newest `entries` entries `row` fed the pass just judged (drafts it did
+        not keep), and where `unqueue` (the pass behind was fed a token that may not be the row's)
+        its entries of the pass `behind` too: it sits that pass out. A row with states goes back
+        to before the pass judged (its accepted tokens are fed again with its next pass)."""
+        i = behind.column(row) if behind is not None and unqueue else None
         if i is not None:
             behind.dropped.add(i)
-        states = bool(self.cache.states)
-        entries = (i is not None) + states
+            entries += behind.fed(i)
         if entries:
             self.cache.take_back(row.place, entries, passes=1 + (behind is not None))
 
@@ -321,7 +345,7 @@ class Batch:
         for i in rows:
             at = self.queued.column(self.rows[i]) if self.queued else None
             if at is not None:  # the pass queued for it is not its output
-                self.cache.take_back(self.rows[i].place, 1, passes=1)
+                self.cache.take_back(self.rows[i].place, self.queued.fed(at), passes=1)
                 self.queued.dropped.add(at)
             if self.rows[i].keep_cache:
                 r = self.rows[i]

@@ -16,7 +16,7 @@ Layers of three kinds batch: KV caches; sliding windows (RotatingKVCache), held 
 not, and cut to the slots some window still reaches (`commit`); and state layers (ArraysCache,
 state.py), which cannot drop tokens: a row whose draft was partly rejected is restored to
 its state before the pass and keeps none of the pass's entries in any layer, so all layers hold
-the same tokens (`commit`). `unbatchable` names any other kind.
+the same tokens (`take_back`). `unbatchable` names any other kind.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class RaggedBatch:
         self.count = layers  # layers of the model's cache
         self.layers: list = []  # made by the first `add`, from the kinds of its caches
         self.free: list[int] = []  # rows no sequence holds, lowest first
-        self._fed: list[int] = []  # positions each row feeds in the current pass
+        self._open: list[int] = []  # widths of the last two passes committed (not judged yet)
 
     @property
     def rows(self) -> int:
@@ -75,7 +75,7 @@ class RaggedBatch:
 
     @property
     def states(self) -> list[RowStates]:
-        """The state layers: where there are any, rows are taken back whole (`commit`)."""
+        """The state layers: where there are any, rows are taken back whole (`take_back`)."""
         return [c for c in self.layers if isinstance(c, RowStates)]
 
     @property
@@ -122,28 +122,25 @@ class RaggedBatch:
         """Before a pass feeding `fed[i]` real positions of row i (the rest is padding)."""
         for c in self.states:
             c.mark()
-        self._fed = list(fed)
         self.slots.begin(fed)
 
-    def commit(self, width: int, kept: Sequence[int]) -> None:
-        """After the pass: row i keeps its first `kept[i]` fed positions. With state layers, a
-        row that keeps fewer than it fed keeps none, and its states go back to before the pass."""
-        back = [i for i, (k, f) in enumerate(zip(kept, self._fed)) if k < f] if self.states else []
-        if back:
-            for c in self.states:
-                c.restore(back)
-            kept = [0 if i in back else k for i, k in enumerate(kept)]
-        self.slots.commit(width, kept)
+    def commit(self, width: int, fed: Sequence[int]) -> None:
+        """After a pass is built: row i holds the `fed[i]` positions it fed, as if every draft
+        holds (what a row does not keep is taken back once judged: `take_back`)."""
+        self.slots.commit(width, fed)
+        self._open = [*self._open[-1:], width]
         for window in {c.window for c in self._kv if c.window is not None}:
-            needed = self._needed(window + 1)
+            # Slots of the passes not judged yet may be taken back: the window keeps them too.
+            needed = self._needed(window + 1 + sum(self._open))
             for c in self._kv:
                 if c.window == window:
                     c.forget(needed)
 
     def take_back(self, row: int, entries: int, passes: int) -> None:
-        """Take back the newest `entries` entries of `row` that the last `passes` committed passes
-        added (a pass queued behind one whose token for the row was not the one fed, or that the
-        row left): state layers go back to before those passes."""
+        """Take back the newest `entries` entries of `row`, which the last `passes` committed
+        passes added (drafts it did not keep, a pass queued behind one whose token for the row was
+        not the one fed, or that the row left): its state layers go back to before those passes,
+        so where it has any, all of those passes' entries are taken back."""
         for c in self.states:
             c.restore([row], passes)
         if entries:

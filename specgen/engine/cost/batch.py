@@ -6,7 +6,7 @@ long cache, once per model and machine (cached beside the single-sequence curve;
 later adds row counts). `Pricing` turns that into what the batch engine asks each step: at B rows
 over S cache slots, the cost of k + 1 positions per row relative to a plain batched step
 (curve.py's curve rules), and whether any draft can pay there (if not, the step is plain batched
-decoding); `step_drafts` and `drafts_coming` apply it to a step's rows.
+decoding); `step_drafts` and `behind_drafts` apply it to a step's rows.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from specgen.engine.cost.calibrate import CANNOT_PAY, CONTEXT, SAMPLE
 from specgen.engine.cost.curve import Curve, cost_function, drafting_cost, relative, unprofitable
 from specgen.engine.cost.store import batch_calibration_file, machine_id, read_store, save_entry
 from specgen.engine.decode.eager import eager
+from specgen.engine.decode.sequence import Coming
 
 ROWS = (1, 2, 4, 8, 16, 32)  # row counts that may be timed (up to the batch's largest)
 WIDTHS = (1, 2, 4, 8)  # positions per row that may be timed (curve.py extrapolates past them)
@@ -159,21 +160,31 @@ class Pricing:
     def __init__(self, measured: Measured, overlap: float = 0.0, eager: int = 0):
         self.measured, self.overlap, self.eager = measured, overlap, eager
         self.sizes = sorted(measured.grid)
-        self._priced: dict[tuple[int, int], tuple[CostFn, CostFn | None]] = {}
+        self._priced: dict[tuple[int, int], tuple[CostFn, CostFn, CostFn | None]] = {}
 
-    def _at(self, rows: int, slots: int) -> tuple[CostFn, CostFn | None]:
+    def _at(self, rows: int, slots: int) -> tuple[CostFn, CostFn, CostFn | None]:
         key = (min(rows, self.sizes[-1]), -(-max(slots, 1) // BUCKET) * BUCKET)
         if key not in self._priced:
             curve = relative(self.measured.seconds(*key))
-            step = drafting_cost(cost_function(curve), self.overlap, ahead=0)
-            self._priced[key] = (step, None if unprofitable(Curve(curve)) else step)
+            built = cost_function(curve)
+            step = drafting_cost(built, self.overlap, ahead=0)
+            self._priced[key] = (built, step, None if unprofitable(Curve(curve)) else step)
         return self._priced[key]
 
-    def step(self, rows: int, slots: int = 0) -> CostFn:
+    def built(self, rows: int, slots: int = 0) -> CostFn:
+        """A pass built once the one before was read, as the grid timed it."""
         return self._at(rows, slots)[0]
 
-    def drafting(self, rows: int, slots: int = 0) -> CostFn | None:
+    def queued(self, rows: int, slots: int = 0) -> CostFn:
+        """A pass queued behind the one in flight: the host's work overlaps it."""
+        built = self._at(rows, slots)[0]
+        return lambda k: built(k) - self.overlap
+
+    def step(self, rows: int, slots: int = 0) -> CostFn:
         return self._at(rows, slots)[1]
+
+    def drafting(self, rows: int, slots: int = 0) -> CostFn | None:
+        return self._at(rows, slots)[2]
 
 
 def _valid(entry) -> Measured | None:
@@ -249,16 +260,33 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
     return [d if len(d) <= k else r.seq.step_draft(on=True, most=k) for r, d in zip(rows, drafts)]
 
 
-def drafts_coming(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> bool:
-    """Whether a draft some row would make at its next step could be kept there (then no pass is
-    queued ahead of the verdict it needs): a lone row's drafter decides; with more, `best_width`
-    over the drafts the rows' drafters would make, each worth what its drafter says. ("Any row
-    would draft" ran a third of chat's steps synchronously for drafts the width then cut to
-    nothing.)"""
-    alone = pricing is None or count == 1
-    on = alone or pricing.drafting(count, slots) is not None
-    held = [r.seq.coming(on or r.own_cost is None) for r in rows]
-    return any(held) and (alone or best_width(held, pricing.step(count, slots), every=True) > 0)
+def behind_drafts(coming: list[Coming], pricing: Pricing | None, count: int, slots: int) -> list[list[int]] | None:
+    """Each row's drafts in a pass queued behind the one in flight, as its rows' `coming` say
+    (Sequence.coming), or None where a pass built once that one is read yields more for its
+    cost. Queued, a row's tokens count only where the pass in flight's drafts all hold, and its
+    drafts only where its guess at that pass's own token holds too; queuing hides the pricing's
+    `overlap` of a plain step. Built after, drafts follow the token read. Unpriced (a lone
+    sequence's own cost), a plain pass is queued behind a plain one where no row would draft.
+    ("Any row would draft" ran a third of chat's steps synchronously for drafts the width then
+    cut to nothing.)"""
+    if pricing is None:
+        plain = all(c.whole == 1.0 and not c.chances for c in coming)
+        return [[] for _ in coming] if plain else None
+    queued, built = pricing.queued(count, slots), pricing.built(count, slots)
+    k = _most(coming, queued, True)
+    if _yield(coming, k, queued, True) < _yield(coming, _most(coming, built, False), built, False):
+        return None
+    return [c.drafts[:k] for c in coming]
+
+
+def _yield(coming: list[Coming], k: int, cost: CostFn, queued: bool) -> float:
+    return sum(c.held(k, queued) for c in coming) / cost(k)
+
+
+def _most(coming: list[Coming], cost: CostFn, queued: bool) -> int:
+    """The drafts per row that yield the most for their cost (`_yield`)."""
+    longest = max((len(c.drafts if queued else c.chances) for c in coming), default=0)
+    return max(range(longest + 1), key=lambda k: _yield(coming, k, cost, queued))
 
 
 def _price(drafter, cost: CostFn | None) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import mul
-from typing import Callable
+from typing import Callable, NamedTuple
 from typing import Sequence as Ids
 
 import mlx.core as mx
@@ -38,6 +38,27 @@ from specgen.errors import InputError
 from specgen.events import Drafter, Prefilled, Speculation, Step, Verdict
 from specgen.settings import check
 from specgen.structured.grammar import GrammarFailed
+
+
+class Coming(NamedTuple):
+    """A sequence's next step, seen before the pass in flight is read (`Sequence.coming`): the
+    chance that pass's drafts all hold (1.0 with none); the chance its drafter's guess at that
+    pass's own next token holds; the drafts it would make past the guess (for a pass queued
+    behind); and each drafted token's chance of holding given the ones before it, once the
+    token is known (these may reach past `drafts`: a fixed-length drafter drafts only then)."""
+
+    whole: float
+    guess: float
+    drafts: list[int]
+    chances: list[float]
+
+    def held(self, k: int, queued: bool) -> float:
+        """Tokens its next pass yields, by their chances, with up to `k` drafts: in a pass queued
+        behind (its drafts only, past the guess, lost with the pass in flight's), or in one built
+        once the pass in flight is read."""
+        if queued:
+            return self.whole * (1.0 + self.guess * sum(accumulate(self.chances[: min(k, len(self.drafts))], mul)))
+        return 1.0 + sum(accumulate(self.chances[:k], mul))
 
 
 @dataclass(eq=False)
@@ -163,21 +184,22 @@ class Sequence:
             chances = [self.acceptance] * len(drafts)
         return list(accumulate(chances, mul))
 
-    def coming(self, on: bool) -> list[float]:
-        """The draft it would make at its next step (`on`: drafting pays), as the chance that its
-        first j tokens all hold for j = 1, 2, ... ([]: none): a pass queued ahead of its verdict
-        would lose it. As alone (loop.py's `behind`), its drafter guesses the token in flight
-        first (a guess judged once that token comes: a row that never drafts still learns how its
-        guesses fare), then drafts past the guess as far as they pay."""
-        room = self.room(pos=self.pos + 1)
+    def coming(self, drafts: list[int], on: bool) -> Coming:
+        """What it would do at its next step, asked before the pass in flight (drafting `drafts`)
+        is read (`on`: drafting pays): a pass queued behind that one carries its drafter's guess
+        at the pass's own token and `Coming.drafts` past it. As alone (loop.py's `behind`), the
+        guess is judged once that token comes: a row that never drafts still learns how its
+        guesses fare."""
+        room = self.room(pos=self.pos + len(drafts) + 1)
         if not (on and self.speculation.on and room > 0):
-            return []
-        ahead = self.drafter.continuation([], room + 1)
+            return Coming(1.0 if not drafts else self.acceptance ** len(drafts), 1.0, [], [])
+        ahead = self.drafter.continuation(drafts, room + 1)
         if ahead is None:  # a drafter that makes no continuations (a fixed draft length)
-            chances = [self.acceptance] * room if self.drafter.saves(room) > 0 else []
-        else:
-            chances = ahead.chances[1:]
-        return list(accumulate(chances, mul))
+            whole = self.acceptance ** len(drafts)
+            return Coming(whole, 1.0, [], [self.acceptance] * room if self.drafter.saves(room) > 0 else [])
+        if not ahead.tokens:
+            return Coming(ahead.chance, 0.0, [], [])
+        return Coming(ahead.chance, ahead.chances[0], list(ahead.tokens[1:]), list(ahead.chances[1:]))
 
     def verdict(self, logits: mx.array, ahead: int = 0) -> mx.array:
         """Lazily, the selector's tokens and near-tie flags (sampling.py) for a pass whose rows

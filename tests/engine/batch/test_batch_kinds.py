@@ -16,7 +16,7 @@ from specgen.draft.drafter import make_drafter
 from specgen.engine.batch import kv as batch_kv
 from specgen.engine.batch.batch import Batch
 from specgen.engine.batch.probe import padding_unsupported
-from specgen.engine.cost.batch import Pricing, measure
+from specgen.engine.cost.batch import Measured, Pricing, measure
 from specgen.engine.decode.sampling import make_selector
 from specgen.errors import InputError
 
@@ -94,13 +94,15 @@ class SometimesTied(Steered):
     margin), and which wins is still the model's, so it reads the cache: a batched row is
     confirmed alone there, from its states restored and its accepted tokens fed again."""
 
+    every = 2  # ties follow tokens that are multiples of this
+
     def __call__(self, x, cache):
         self.fed += x.shape[1]
         logits = self.model(x, cache=cache)
         t = x.astype(mx.int32)
         nxt = (CYCLE[0] + (t - CYCLE[0] + 1) % len(CYCLE))[..., None]
         vocab = mx.arange(logits.shape[-1])[None, None, :]
-        tie = ((vocab == nxt) | (vocab == nxt + 100)) & (t % 2 == 0)[..., None]
+        tie = ((vocab == nxt) | (vocab == nxt + 100)) & (t % self.every == 0)[..., None]
         return mx.where(tie, 20 + 1e-4 * logits, logits + self.boost * (vocab == nxt))
 
 
@@ -150,6 +152,43 @@ def test_plain_passes_queued_behind_unread_ones_stay_exact(arch):
     assert all(out[k] == expected[k] for k in "acd") and out["b"] == expected["b"][: len(out["b"])]
     # (A tie on a row with states unqueues two steps: 13-66 of 79 steps were queued.)
     assert sum(s.queued for s in steps) > len(steps) / 8 and sum(s.confirmed for s in steps) > 0
+    assert_kept_as_plain_decoding_leaves(model, batch, prompts, out)
+
+
+# Steps cost the same at any width, and queuing hides half of one: passes that carry drafts are
+# queued behind drafting ones wherever a row's drafter expects its draft to hold.
+FLAT = Pricing(Measured({b: {1: 1.0, 2: 1.01, 4: 1.02, 8: 1.04} for b in (1, 2, 4)}), overlap=0.5)
+
+
+@pytest.mark.parametrize("arch", KINDS)
+def test_drafting_passes_queued_behind_unread_ones_stay_exact(arch):
+    # Every pass is queued behind the one in flight as if its drafts all hold: a row whose drafts
+    # do not, or that is near-tied, sits the queued pass out (its entries and states taken back)
+    # while the others keep theirs; rows that end or are cancelled while a drafting pass is queued
+    # leave kept caches as plain decoding leaves them.
+    overrides, boost = KINDS[arch]
+    model = SometimesTied(tiny_model(arch, **overrides), boost)
+    model.every = 11  # rarely: drafts of the cycle mostly hold
+    prompts = {"a": CYCLE * 3 + [10, 11], "b": CYCLE[2:] * 2 + [40, 41], "c": CYCLE[5:] * 2, "d": [11] + CYCLE}
+    seeds = {"a": None, "b": 3, "c": None, "d": 5}
+
+    def settings(k):
+        return dict(draft=8, max_tokens=30, selector=make_selector(0 if seeds[k] is None else 0.7, seed=seeds[k]))
+
+    expected = {k: run(model, p, drafter=make_drafter(), **settings(k))[0] for k, p in prompts.items()}
+    batch = Batch(model, max_rows=3, pricing=FLAT)
+    out, steps = {k: [] for k in prompts}, []
+    for k in "abc":
+        batch.add(k, prompts[k], drafter=make_drafter(), keep_cache=True, **settings(k))
+    for n, events in enumerate(batch.run()):
+        for k, e in events:
+            out[k] += getattr(e, "tokens", ())
+            steps += [e] if hasattr(e, "queued") else []
+        if n == 5:
+            batch.cancel("b")
+            batch.add("d", prompts["d"], drafter=make_drafter(), keep_cache=True, **settings("d"))
+    assert all(out[k] == expected[k] for k in "acd") and out["b"] == expected["b"][: len(out["b"])]
+    assert sum(s.queued and s.drafted > 0 for s in steps) >= 3 and sum(s.confirmed for s in steps) > 0
     assert_kept_as_plain_decoding_leaves(model, batch, prompts, out)
 
 
