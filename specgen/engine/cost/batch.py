@@ -149,13 +149,14 @@ def _timer(model, solo: list, rows: int, tokens: list[int], every: int = 0) -> C
 
 class Pricing:
     """What a batched step costs, by rows (Measured.seconds: between timed row counts, a line)
-    and the cache slots it attends over (rounded up to BUCKET): `step(rows, slots)(k)` is a step
-    of k + 1 positions per row relative to a plain one; `drafting(rows, slots)` is the cost
-    drafters weigh drafts with there, or None where drafting cannot pay (cost.unprofitable): the
-    step is then plain batched decoding. A step that drafts nothing is queued behind the one in
-    flight (batch.py), so it costs `overlap` (the single-sequence calibration's share of a plain
-    step that queuing hides) less than the synchronous steps the grid timed, which ran eagerly
-    every `eager` layers (Curve.eager), as batch.py then runs them."""
+    and the cache slots it attends over (rounded up to BUCKET), relative to a plain one:
+    `built(rows, slots)(k)`, a step of k + 1 positions per row built once the one before was read,
+    as the grid timed it; `queued`, one queued behind the one in flight (batch.py), which costs
+    `overlap` (the single-sequence calibration's share of a plain step that queuing hides) less;
+    `step`, what drafters weigh drafts with (as alone, curve.drafting_cost: plain steps queued, a
+    draft's verdict read before the next); `drafting`, that, or None where drafting cannot pay
+    (cost.unprofitable): the step is then plain batched decoding. The grid's steps ran eagerly
+    every `eager` layers (Curve.eager), as batch.py runs a step nothing runs ahead of."""
 
     def __init__(self, measured: Measured, overlap: float = 0.0, eager: int = 0):
         self.measured, self.overlap, self.eager = measured, overlap, eager
