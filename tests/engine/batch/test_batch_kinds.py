@@ -124,6 +124,34 @@ def test_near_tied_rows_are_confirmed_alone_and_exact(arch):
     assert [got[i] for i in range(len(rows))] == expected and confirmed > 0
 
 
+def exact_while_one_leaves_and_one_joins(model, prompts: dict, settings, at: int, pricing=None) -> list:
+    """Rows a, b and c through a batch of 3 (each with `settings(key)`, its cache kept), b
+    cancelled and d added after step `at`: each emits what it emits alone (b: a start of it), and
+    the kept caches hold what plain decoding leaves. Returns every Step."""
+    expected = {k: run(model, p, **settings(k))[0] for k, p in prompts.items()}
+    batch = Batch(model, max_rows=3, pricing=pricing)
+    out, steps = {k: [] for k in prompts}, []
+    for k in "abc":
+        batch.add(k, prompts[k], keep_cache=True, **settings(k))
+    for n, events in enumerate(batch.run()):
+        for k, e in events:
+            out[k] += getattr(e, "tokens", ())
+            steps += [e] if hasattr(e, "queued") else []
+        if n == at:
+            batch.cancel("b")
+            batch.add("d", prompts["d"], keep_cache=True, **settings("d"))
+    assert all(out[k] == expected[k] for k in "acd") and out["b"] == expected["b"][: len(out["b"])]
+    assert_kept_as_plain_decoding_leaves(model, batch, prompts, out)
+    return steps
+
+
+SEEDS = {"a": None, "b": 3, "c": None, "d": 5}  # greedy rows and seeded sampling ones
+
+
+def selector(key: str):
+    return make_selector(0 if SEEDS[key] is None else 0.7, seed=SEEDS[key])
+
+
 @pytest.mark.parametrize("arch", KINDS)
 def test_plain_passes_queued_behind_unread_ones_stay_exact(arch):
     # Rows that do not draft have a pass queued behind each one before it is read (issue 41): rows
@@ -133,26 +161,10 @@ def test_plain_passes_queued_behind_unread_ones_stay_exact(arch):
     overrides, boost = KINDS[arch]
     model = SometimesTied(tiny_model(arch, **overrides), boost)
     prompts = {"a": CYCLE * 2 + [10, 11], "b": [40, 41, 42], "c": CYCLE[5:], "d": [11]}
-    seeds = {"a": None, "b": 3, "c": None, "d": 5}
-    expected = {k: run(model, p, draft=0, max_tokens=24, selector=make_selector(0 if seeds[k] is None else 0.7,
-                                                                               seed=seeds[k]))[0]
-                for k, p in prompts.items()}
-    batch = Batch(model, max_rows=3)
-    out, steps = {k: [] for k in prompts}, []
-    for k in "abc":
-        batch.add(k, prompts[k], draft=0, max_tokens=24, keep_cache=True,
-                  selector=make_selector(0 if seeds[k] is None else 0.7, seed=seeds[k]))
-    for n, events in enumerate(batch.run()):
-        for k, e in events:
-            out[k] += getattr(e, "tokens", ())
-            steps += [e] if hasattr(e, "queued") else []
-        if n == 6:
-            batch.cancel("b")
-            batch.add("d", prompts["d"], draft=0, max_tokens=24, keep_cache=True, selector=make_selector(0.7, seed=5))
-    assert all(out[k] == expected[k] for k in "acd") and out["b"] == expected["b"][: len(out["b"])]
+    steps = exact_while_one_leaves_and_one_joins(
+        model, prompts, lambda k: dict(draft=0, max_tokens=24, selector=selector(k)), at=6)
     # (A tie on a row with states unqueues two steps: 13-66 of 79 steps were queued.)
     assert sum(s.queued for s in steps) > len(steps) / 8 and sum(s.confirmed for s in steps) > 0
-    assert_kept_as_plain_decoding_leaves(model, batch, prompts, out)
 
 
 # Steps cost the same at any width, and queuing hides half of one: passes that carry drafts are
@@ -170,26 +182,10 @@ def test_drafting_passes_queued_behind_unread_ones_stay_exact(arch):
     model = SometimesTied(tiny_model(arch, **overrides), boost)
     model.every = 11  # rarely: drafts of the cycle mostly hold
     prompts = {"a": CYCLE * 3 + [10, 11], "b": CYCLE[2:] * 2 + [40, 41], "c": CYCLE[5:] * 2, "d": [11] + CYCLE}
-    seeds = {"a": None, "b": 3, "c": None, "d": 5}
-
-    def settings(k):
-        return dict(draft=8, max_tokens=30, selector=make_selector(0 if seeds[k] is None else 0.7, seed=seeds[k]))
-
-    expected = {k: run(model, p, drafter=make_drafter(), **settings(k))[0] for k, p in prompts.items()}
-    batch = Batch(model, max_rows=3, pricing=FLAT)
-    out, steps = {k: [] for k in prompts}, []
-    for k in "abc":
-        batch.add(k, prompts[k], drafter=make_drafter(), keep_cache=True, **settings(k))
-    for n, events in enumerate(batch.run()):
-        for k, e in events:
-            out[k] += getattr(e, "tokens", ())
-            steps += [e] if hasattr(e, "queued") else []
-        if n == 5:
-            batch.cancel("b")
-            batch.add("d", prompts["d"], drafter=make_drafter(), keep_cache=True, **settings("d"))
-    assert all(out[k] == expected[k] for k in "acd") and out["b"] == expected["b"][: len(out["b"])]
+    steps = exact_while_one_leaves_and_one_joins(
+        model, prompts, lambda k: dict(drafter=make_drafter(), draft=8, max_tokens=30, selector=selector(k)),
+        at=5, pricing=FLAT)
     assert sum(s.queued and s.drafted > 0 for s in steps) >= 3 and sum(s.confirmed for s in steps) > 0
-    assert_kept_as_plain_decoding_leaves(model, batch, prompts, out)
 
 
 def test_a_model_whose_state_layers_read_padding_is_refused_by_name():
