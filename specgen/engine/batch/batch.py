@@ -304,7 +304,8 @@ class Batch:
             fed[r.place] = 1 + len(m)
         self.cache.begin(fed)
         logits = self.model(x, cache=self.cache.layers)
-        verdict = verdicts(logits, cur.rows, [(0, len(m) + 1) for m in more], [len(d) + 1 for d in cur.drafts])
+        spans, ahead = [(0, len(m) + 1) for m in more], [len(d) + 1 for d in cur.drafts]
+        verdict = verdicts(logits, cur.rows, spans, ahead)
         mx.async_eval(verdict)
         n = len(cur.rows)
         return self._committed(Pass(list(cur.rows), more, [0] * n, width, logits, verdict, queued=True))

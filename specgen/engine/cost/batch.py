@@ -261,7 +261,8 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
     return [d if len(d) <= k else r.seq.step_draft(on=True, most=k) for r, d in zip(rows, drafts)]
 
 
-def behind_drafts(coming: list[Coming], pricing: Pricing | None, count: int, slots: int) -> list[list[int]] | None:
+def behind_drafts(coming: list[Coming], pricing: Pricing | None, count: int,
+                  slots: int) -> list[list[int]] | None:
     """Each row's drafts in a pass queued behind the one in flight, as its rows' `coming` say
     (Sequence.coming), or None where a pass built once that one is read yields more for its
     cost. Queued, a row's tokens count only where the pass in flight's drafts all hold, and its

@@ -57,7 +57,8 @@ class Coming(NamedTuple):
         behind (its drafts only, past the guess, lost with the pass in flight's), or in one built
         once the pass in flight is read."""
         if queued:
-            return self.whole * (1.0 + self.guess * sum(accumulate(self.chances[: min(k, len(self.drafts))], mul)))
+            carried = self.chances[: min(k, len(self.drafts))]
+            return self.whole * (1.0 + self.guess * sum(accumulate(carried, mul)))
         return 1.0 + sum(accumulate(self.chances[:k], mul))
 
 
@@ -191,11 +192,11 @@ class Sequence:
         guess is judged once that token comes: a row that never drafts still learns how its
         guesses fare."""
         room = self.room(pos=self.pos + len(drafts) + 1)
+        whole = self.acceptance ** len(drafts)  # where its drafter does not say
         if not (on and self.speculation.on and room > 0):
-            return Coming(1.0 if not drafts else self.acceptance ** len(drafts), 1.0, [], [])
+            return Coming(whole, 1.0, [], [])
         ahead = self.drafter.continuation(drafts, room + 1)
         if ahead is None:  # a drafter that makes no continuations (a fixed draft length)
-            whole = self.acceptance ** len(drafts)
             return Coming(whole, 1.0, [], [self.acceptance] * room if self.drafter.saves(room) > 0 else [])
         if not ahead.tokens:
             return Coming(ahead.chance, 0.0, [], [])

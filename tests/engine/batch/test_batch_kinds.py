@@ -181,7 +181,8 @@ def test_drafting_passes_queued_behind_unread_ones_stay_exact(arch):
     overrides, boost = KINDS[arch]
     model = SometimesTied(tiny_model(arch, **overrides), boost)
     model.every = 11  # rarely: drafts of the cycle mostly hold
-    prompts = {"a": CYCLE * 3 + [10, 11], "b": CYCLE[2:] * 2 + [40, 41], "c": CYCLE[5:] * 2, "d": [11] + CYCLE}
+    prompts = {"a": CYCLE * 3 + [10, 11], "b": CYCLE[2:] * 2 + [40, 41], "c": CYCLE[5:] * 2,
+               "d": [11] + CYCLE}
     steps = exact_while_one_leaves_and_one_joins(
         model, prompts, lambda k: dict(drafter=make_drafter(), draft=8, max_tokens=30, selector=selector(k)),
         at=5, pricing=FLAT)
