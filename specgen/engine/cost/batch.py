@@ -272,7 +272,7 @@ def behind_drafts(coming: list[Coming], pricing: Pricing | None, count: int,
     ("Any row would draft" ran a third of chat's steps synchronously for drafts the width then
     cut to nothing.)"""
     if pricing is None:
-        plain = all(c.whole == 1.0 and not c.chances for c in coming)
+        plain = all(c.whole == 1.0 and not c.reach for c in coming)
         return [[] for _ in coming] if plain else None
     queued, built = pricing.queued(count, slots), pricing.built(count, slots)
     k = _most(coming, queued, True)
@@ -287,7 +287,7 @@ def _yield(coming: list[Coming], k: int, cost: CostFn, queued: bool) -> float:
 
 def _most(coming: list[Coming], cost: CostFn, queued: bool) -> int:
     """The drafts per row that yield the most for their cost (`_yield`)."""
-    longest = max((len(c.drafts if queued else c.chances) for c in coming), default=0)
+    longest = max((len(c.drafts) if queued else c.reach for c in coming), default=0)
     return max(range(longest + 1), key=lambda k: _yield(coming, k, cost, queued))
 
 

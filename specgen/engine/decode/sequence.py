@@ -44,22 +44,32 @@ class Coming(NamedTuple):
     """A sequence's next step, seen before the pass in flight is read (`Sequence.coming`): the
     chance that pass's drafts all hold (1.0 with none); the chance its drafter's guess at that
     pass's own next token holds; the drafts it would make past the guess (for a pass queued
-    behind); and each drafted token's chance of holding given the ones before it, once the
-    token is known (these may reach past `drafts`: a fixed-length drafter drafts only then)."""
+    behind); and, once that token is known, the drafted tokens its first j drafts are expected to
+    keep, for j = 0, 1, ... (these may reach past `drafts`: a fixed-length drafter drafts only
+    then)."""
 
     whole: float
     guess: float
     drafts: list[int]
-    chances: list[float]
+    expected: list[float]
+
+    @classmethod
+    def of(cls, whole: float, guess: float, drafts: list[int], chances: list[float]) -> "Coming":
+        """From each drafted token's chance of holding given the ones before it."""
+        return cls(whole, guess, drafts, [0.0, *accumulate(accumulate(chances, mul))])
+
+    @property
+    def reach(self) -> int:
+        """The most drafts it has chances for."""
+        return len(self.expected) - 1
 
     def held(self, k: int, queued: bool) -> float:
         """Tokens its next pass yields, by their chances, with up to `k` drafts: in a pass queued
         behind (its drafts only, past the guess, lost with the pass in flight's), or in one built
         once the pass in flight is read."""
         if queued:
-            carried = self.chances[: min(k, len(self.drafts))]
-            return self.whole * (1.0 + self.guess * sum(accumulate(carried, mul)))
-        return 1.0 + sum(accumulate(self.chances[:k], mul))
+            return self.whole * (1.0 + self.guess * self.expected[min(k, len(self.drafts), self.reach)])
+        return 1.0 + self.expected[min(k, self.reach)]
 
 
 @dataclass(eq=False)
@@ -194,13 +204,13 @@ class Sequence:
         room = self.room(pos=self.pos + len(drafts) + 1)
         whole = self.acceptance ** len(drafts)  # where its drafter does not say
         if not (on and self.speculation.on and room > 0):
-            return Coming(whole, 1.0, [], [])
+            return Coming.of(whole, 1.0, [], [])
         ahead = self.drafter.continuation(drafts, room + 1)
         if ahead is None:  # a drafter that makes no continuations (a fixed draft length)
-            return Coming(whole, 1.0, [], [self.acceptance] * room if self.drafter.saves(room) > 0 else [])
+            return Coming.of(whole, 1.0, [], [self.acceptance] * room if self.drafter.saves(room) > 0 else [])
         if not ahead.tokens:
-            return Coming(ahead.chance, 0.0, [], [])
-        return Coming(ahead.chance, ahead.chances[0], list(ahead.tokens[1:]), list(ahead.chances[1:]))
+            return Coming.of(ahead.chance, 0.0, [], [])
+        return Coming.of(ahead.chance, ahead.chances[0], list(ahead.tokens[1:]), list(ahead.chances[1:]))
 
     def verdict(self, logits: mx.array, ahead: int = 0) -> mx.array:
         """Lazily, the selector's tokens and near-tie flags (sampling.py) for a pass whose rows
