@@ -25,7 +25,7 @@ from specgen.engine.cost.calibrate import CANNOT_PAY, CONTEXT, SAMPLE
 from specgen.engine.cost.curve import Curve, cost_function, drafting_cost, relative, unprofitable
 from specgen.engine.cost.store import batch_calibration_file, machine_id, read_store, save_entry
 from specgen.engine.decode.eager import eager
-from specgen.engine.decode.sequence import Coming
+from specgen.events import Coming
 
 ROWS = (1, 2, 4, 8, 16, 32)  # row counts that may be timed (up to the batch's largest)
 WIDTHS = (1, 2, 4, 8)  # positions per row that may be timed (curve.py extrapolates past them)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import mul
-from typing import Callable, NamedTuple
+from typing import Callable
 from typing import Sequence as Ids
 
 import mlx.core as mx
@@ -35,41 +35,9 @@ from specgen.engine.decode.sampling import (
     settle,
 )
 from specgen.errors import InputError
-from specgen.events import Drafter, Prefilled, Speculation, Step, Verdict
+from specgen.events import Coming, Drafter, Prefilled, Speculation, Step, Verdict
 from specgen.settings import check
 from specgen.structured.grammar import GrammarFailed
-
-
-class Coming(NamedTuple):
-    """A sequence's next step, seen before the pass in flight is read (`Sequence.coming`): the
-    chance that pass's drafts all hold (1.0 with none); the chance its drafter's guess at that
-    pass's own next token holds; the drafts it would make past the guess (for a pass queued
-    behind); and, once that token is known, the drafted tokens its first j drafts are expected to
-    keep, for j = 0, 1, ... (these may reach past `drafts`: a fixed-length drafter drafts only
-    then)."""
-
-    whole: float
-    guess: float
-    drafts: list[int]
-    expected: list[float]
-
-    @classmethod
-    def of(cls, whole: float, guess: float, drafts: list[int], chances: list[float]) -> "Coming":
-        """From each drafted token's chance of holding given the ones before it."""
-        return cls(whole, guess, drafts, [0.0, *accumulate(accumulate(chances, mul))])
-
-    @property
-    def reach(self) -> int:
-        """The most drafts it has chances for."""
-        return len(self.expected) - 1
-
-    def held(self, k: int, queued: bool) -> float:
-        """Tokens its next pass yields, by their chances, with up to `k` drafts: in a pass queued
-        behind (its drafts only, past the guess, lost with the pass in flight's), or in one built
-        once the pass in flight is read."""
-        if queued:
-            return self.whole * (1.0 + self.guess * self.expected[min(k, len(self.drafts), self.reach)])
-        return 1.0 + self.expected[min(k, self.reach)]
 
 
 @dataclass(eq=False)
