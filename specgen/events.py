@@ -91,12 +91,12 @@ class Ahead(NamedTuple):
 
 
 class Coming(NamedTuple):
-    """A sequence's next step, seen before the pass in flight is read (`Sequence.coming`): the
-    chance that pass's drafts all hold (1.0 with none); the chance its drafter's guess at that
-    pass's own next token holds; the drafts it would make past the guess (for a pass queued
-    behind); and, once that token is known, the drafted tokens its first j drafts are expected to
-    keep, for j = 0, 1, ... (these may reach past `drafts`: a fixed-length drafter drafts only
-    then)."""
+    """A sequence's next pass as a batch weighs it, seen before the pass in flight is read
+    (`Sequence.coming`; or the pass built now, nothing in flight: `Sequence.planned`): the
+    chance the pass in flight's drafts all hold (1.0 with none); the chance its drafter's guess
+    at that pass's own next token holds; the drafts it would make past the guess; and, once that
+    token is known, the drafted tokens its first j drafts are expected to keep, for j = 0, 1, ...
+    (these may reach past `drafts`: a fixed-length drafter drafts only then)."""
 
     whole: float
     guess: float

@@ -284,10 +284,8 @@ class Batch:
                 or (self.waiting and len(self.rows) < self.max_rows)
                 or not all(r.seq.queues for r in self.rows)):
             return None
-        count, slots = self.cache.rows, self.cache.slots.end
-        on = self.pricing is None or count == 1 or self.pricing.drafting(count, slots) is not None
-        coming = [r.seq.coming(d, on or r.own_cost is None) for r, d in zip(cur.rows, cur.drafts)]
-        more = behind_drafts(coming, self.pricing, count, slots)
+        count = self.cache.rows
+        more = behind_drafts(cur.rows, cur.drafts, self.pricing, count, self.cache.slots.end)
         if more is None:
             return None
         width = 1 + max(map(len, more))

@@ -224,17 +224,17 @@ def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibr
     return measured, None
 
 
-def best_width(held: list[list[float]], step: CostFn, every: bool = False) -> int:
-    """The most drafted tokens any row keeps this step: the k that maximises the rows' expected
-    tokens (row i's first j drafts all hold with chance held[i][j - 1], so far as its draft
-    reaches) over the cost of a step of k + 1 positions a row; among the rows' lengths, or `every`
-    k up to the longest (a bound on drafts not made yet: 0 there means none of them would be kept)."""
-    def tokens(k: int) -> float:
-        return sum(1 + sum(h[:k]) for h in held)
+def best_width(coming: list[Coming], cost: CostFn, queued: bool = False, every: bool = False) -> int:
+    """The drafts per row a pass carries: the k that maximises the tokens its rows yield
+    (`Coming.held`, built or `queued`) over the cost of a pass of k + 1 positions a row; among
+    the rows' own lengths, or `every` k up to the longest."""
+    reach = [len(c.drafts) if queued else c.reach for c in coming]
+    widths = range(max(reach, default=0) + 1) if every else sorted({0, *reach})
+    return max(widths, key=lambda k: _yield(coming, k, cost, queued))
 
-    longest = max(map(len, held), default=0)
-    widths = range(longest + 1) if every else sorted({0, *map(len, held)})
-    return max(widths, key=lambda k: tokens(k) / step(k))
+
+def _yield(coming: list[Coming], k: int, cost: CostFn, queued: bool) -> float:
+    return sum(c.held(k, queued) for c in coming) / cost(k)
 
 
 def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> list[list[int]]:
@@ -243,7 +243,7 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
     single-sequence curve); with more rows, adaptive drafters weigh drafts by what a step costs
     there, and stay silent where no draft pays (fixed-length drafters draft as told). Every row
     pays for the widest draft, so the step's width is the one that yields the most tokens for
-    its cost over all rows, each row's draft worth what its drafter says (`Sequence.holds`: by
+    its cost over all rows, each row's draft worth what its drafter says (`Sequence.planned`: by
     its acceptance so far, which only drafts move, a row priced out at the priors never drafted),
     and longer drafts are drafted again to fit it."""
     if pricing is None or count == 1:
@@ -257,38 +257,30 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
         if priced and cost is not None:
             _price(r.seq.drafter, cost)
         drafts.append(r.seq.step_draft(on=not priced or cost is not None))
-    k = best_width([r.seq.holds(d) for r, d in zip(rows, drafts)], pricing.step(count, slots))
+    k = best_width([r.seq.planned(d) for r, d in zip(rows, drafts)], pricing.step(count, slots))
     return [d if len(d) <= k else r.seq.step_draft(on=True, most=k) for r, d in zip(rows, drafts)]
 
 
-def behind_drafts(coming: list[Coming], pricing: Pricing | None, count: int,
+def behind_drafts(rows: list[Row], drafts: list[list[int]], pricing: Pricing | None, count: int,
                   slots: int) -> list[list[int]] | None:
-    """Each row's drafts in a pass queued behind the one in flight, as its rows' `coming` say
-    (Sequence.coming), or None where a pass built once that one is read yields more for its
-    cost. Queued, a row's tokens count only where the pass in flight's drafts all hold, and its
-    drafts only where its guess at that pass's own token holds too; queuing hides the pricing's
-    `overlap` of a plain step. Built after, drafts follow the token read. Unpriced (a lone
-    sequence's own cost), a plain pass is queued behind a plain one where no row would draft.
-    ("Any row would draft" ran a third of chat's steps synchronously for drafts the width then
-    cut to nothing.)"""
+    """Each row's drafts in a pass queued behind the one in flight (whose drafts are `drafts`), as
+    its sequence's `coming` says, or None where a pass built once that one is read yields more
+    for its cost. Queued, a row's tokens count only where the pass in flight's drafts all hold,
+    and its drafts only where its guess at that pass's own token holds too; queuing hides the
+    pricing's `overlap` of a plain step. Built after, drafts follow the token read. Unpriced (a
+    lone sequence's own cost), a plain pass is queued behind a plain one where no row would
+    draft. ("Any row would draft" ran a third of chat's steps synchronously for drafts the width
+    then cut to nothing.)"""
+    on = pricing is None or count == 1 or pricing.drafting(count, slots) is not None
+    coming = [r.seq.coming(d, on or r.own_cost is None) for r, d in zip(rows, drafts)]
     if pricing is None:
         plain = all(c.whole == 1.0 and not c.reach for c in coming)
         return [[] for _ in coming] if plain else None
-    queued, built = pricing.queued(count, slots), pricing.built(count, slots)
-    k = _most(coming, queued, True)
-    if _yield(coming, k, queued, True) < _yield(coming, _most(coming, built, False), built, False):
+    ahead, after = pricing.queued(count, slots), pricing.built(count, slots)
+    k = best_width(coming, ahead, queued=True, every=True)
+    if _yield(coming, k, ahead, True) < _yield(coming, best_width(coming, after, every=True), after, False):
         return None
     return [c.drafts[:k] for c in coming]
-
-
-def _yield(coming: list[Coming], k: int, cost: CostFn, queued: bool) -> float:
-    return sum(c.held(k, queued) for c in coming) / cost(k)
-
-
-def _most(coming: list[Coming], cost: CostFn, queued: bool) -> int:
-    """The drafts per row that yield the most for their cost (`_yield`)."""
-    longest = max((len(c.drafts) if queued else c.reach for c in coming), default=0)
-    return max(range(longest + 1), key=lambda k: _yield(coming, k, cost, queued))
 
 
 def _price(drafter, cost: CostFn | None) -> None:

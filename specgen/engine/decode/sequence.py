@@ -13,8 +13,6 @@ grammar told). The loops own only their passes: building, queuing, reading and r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
-from operator import mul
 from typing import Callable
 from typing import Sequence as Ids
 
@@ -155,13 +153,14 @@ class Sequence:
         drafts = self.drafter.draft(room) if on and self.speculation.on and room > 0 else []
         return self.with_forced(drafts, room)
 
-    def holds(self, drafts: list[int]) -> list[float]:
-        """The chance that this step's first j `drafts` all hold, for j = 1, 2, ...: its drafter's
-        own estimate where it made these drafts, else its acceptance so far to the j-th power."""
+    def planned(self, drafts: list[int]) -> Coming:
+        """This step's `drafts` as a batch weighs them (nothing in flight, no guess): each token's
+        chance of holding is its drafter's own estimate where it made these drafts, else its
+        acceptance so far."""
         chances = self.drafter.chances() if self.own and self.constraint is None else None
         if chances is None or len(chances) != len(drafts):
             chances = [self.acceptance] * len(drafts)
-        return list(accumulate(chances, mul))
+        return Coming.of(1.0, 1.0, drafts, chances)
 
     def coming(self, drafts: list[int], on: bool) -> Coming:
         """What it would do at its next step, asked before the pass in flight (drafting `drafts`)
