@@ -89,7 +89,8 @@ def test_staggered_rows_each_emit_what_they_emit_alone(stories, pricing):
     model.passes = 0  # (the first batch of a model probes it: engine/batch/probe.py)
     got, decoded, events = batched(batch, rows, arrive=[0, 0, 3, 5])
     assert [got[i] for i in range(len(rows))] == expected
-    assert sum(s.accepted for s in events[0] + events[2]) > 5  # the story repeats: drafts held
+    # The story repeats: drafts held (fewer where steps of 2 and 3 rows are dear: 7, against 26).
+    assert sum(s.accepted for s in events[0] + events[2]) > (10 if pricing is None else 5)
     assert sum(s.drafted > s.accepted for e in events.values() for s in e) > 0  # and some did not
     # One pass a step over every active row, plus prefill chunks and near-tie confirmations, and
     # a plain pass queued behind the last step where the batch emptied.
