@@ -21,8 +21,8 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 from specgen.draft.length import CostFn
 from specgen.engine.batch.cache import RaggedBatch
 from specgen.engine.batch.row import Row
-from specgen.engine.cost.calibrate import CANNOT_PAY, CONTEXT, SAMPLE
-from specgen.engine.cost.curve import Curve, cost_function, drafting_cost, relative, unprofitable
+from specgen.engine.cost.calibrate import CONTEXT, SAMPLE
+from specgen.engine.cost.curve import Curve, cannot_pay, cost_function, drafting_cost, relative, unprofitable
 from specgen.engine.cost.store import batch_calibration_file, machine_id, read_store, save_entry
 from specgen.engine.decode.eager import eager
 from specgen.events import Coming
@@ -63,11 +63,11 @@ class Measured(NamedTuple):
 def measure(model, sample: list[int], max_rows: int, budget_s: float | None = None, every: int = 0) -> Measured:
     """Seconds of a step over B rows x T positions (with the argmax read back, as a step does),
     for every B in ROWS up to `max_rows` (a size left out would be priced as a smaller one, and
-    its drafts be too long). Widths are timed in increasing order, no wider once one costs nearly
-    as much as that many plain steps (no draft that wide can pay: calibrate.CANNOT_PAY), which
-    bounds the dear large sizes; each is the median of ROUNDS[0] rounds, or more while the budget
-    lasts. Then two rows over LONG slots (the entries copied over, not computed: only the shapes
-    matter) at the narrowest and widest width give the cost of a slot. `every`: steps run eagerly
+    its drafts be too long). Widths are timed in increasing order, no wider once two in a row cost
+    nearly as much as that many plain steps (curve.cannot_pay), which bounds the dear large
+    sizes; each is the median of ROUNDS[0] rounds, or more while the budget lasts. Then two rows
+    over LONG slots (the entries copied over, not computed: only the shapes matter) at the
+    narrowest and widest width give the cost of a slot. `every`: steps run eagerly
     so (decode/eager.py), as batch.py runs a step nothing runs ahead of."""
     budget_s = BUDGET_S if budget_s is None else budget_s
     tokens = (sample * CONTEXT)[:CONTEXT]
@@ -83,7 +83,7 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
         first = {1: step(1)}
         for w in WIDTHS[1:]:
             first[w] = step(w)
-            if first[w] >= CANNOT_PAY * w * first[1]:
+            if cannot_pay(first):
                 break
         share = (budget_s - (time.perf_counter() - start)) / (len(counts) - n)
         rounds = max(ROUNDS[0], min(ROUNDS[1], int(share / sum(first.values()))))

@@ -9,8 +9,8 @@ deep model on a fast device) and costs where it is not; the curve and the overla
 as the decode loop runs its passes.
 
 Measuring is bounded by BUDGET_S: sizes are timed in increasing order while they fit in it, and
-no wider once one costs nearly as much as that many single positions (no draft of that width can
-pay); the rounds are as many as fit in what is left.
+no wider once two in a row cost nearly as much as that many single positions
+(`curve.cannot_pay`); the rounds are as many as fit in what is left.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from specgen.draft.length import CostFn
 from specgen.engine.cost.curve import (
     Curve,
     StepPrices,
+    cannot_pay,
     cost_function,
     drafting_cost,
     queue_after,
@@ -56,7 +57,6 @@ LONG_CONTEXT = 384  # ...and as many as this where priming them takes at most PR
 PRIME_S = 1.0  # (attention over a long context makes small models' wide passes dearer)
 BUDGET_S = 4.0  # about how long measuring the curve may take (warm-up included)
 ROUNDS = (3, 100)  # fewest and most rounds of all sizes
-CANNOT_PAY = 0.9  # a pass costing this share of as many single positions: wider ones are not timed
 OVERLAP_STEPS = 8  # plain steps timed each way per round
 OVERLAP_ROUNDS = (5, 25)  # fewest and most rounds; within that, as many as fit in BUDGET_S / 6 (design.md)
 OVERLAP_SLOW_S = 0.1  # steps slower than this are not timed for the overlap: it is negligible
@@ -88,8 +88,8 @@ def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False, every: i
     """Seconds of a forward pass with its read-back as a verify step reads it, per size.
 
     Sizes are timed in increasing order, each only if its warm-up and ROUNDS[0] rounds are
-    expected to fit in the budget (the first two always are) and while the last one could still
-    pay (see CANNOT_PAY); cost.cost_function extrapolates past the widest. One position's time is
+    expected to fit in the budget (the first two always are) and while a wider one could still
+    pay (`curve.cannot_pay`); cost.cost_function extrapolates past the widest. One position's time is
     the 25th percentile of the rounds (interference only ever adds time); every other size is
     that times the median, over rounds, of its time over one position's in the same round, so a
     burst of load that slows a whole round cancels out. `sample`: token ids the model knows (any
@@ -127,7 +127,7 @@ def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False, every: i
         step(k)
         last[k] = step(k)
         timed.append(k)
-        if not fixed and last[k] >= CANNOT_PAY * k * one:
+        if not fixed and cannot_pay(last):
             break
     per_round = sum(last.values())
     left = budget_s - (time.perf_counter() - start)

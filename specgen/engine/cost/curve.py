@@ -7,6 +7,7 @@
 - `drafting_cost`: the cost the drafter weighs drafts with under that policy and rollback;
 - `step_prices`: what a drafting step costs in the plain steps it competes with, and what queuing a
   pass behind another hides (the decode loop's scale);
+- `cannot_pay`: whether timing wider passes can stop (no wider draft could pay);
 - `unprofitable`: whether drafting cannot pay at all on this curve (then speculation is off).
 
 calibrate.py measures the curve and the overlap; this module decides what they mean.
@@ -27,9 +28,12 @@ QUEUE_AFTER = ((0.15, 1), (0.0, 2))
 # ...but after one wherever it pays at all and a drafted token costs this share of a step or more:
 # there an empty draft, weighed as saving the overlap, beats a weak guess (docs/design.md).
 QUEUE_SOON_SLOPE = 0.25
-# Where verifying one drafted token costs this share of a plain step or more, drafts lose on real
-# outputs (docs/design.md): speculation is turned off and decoding is mlx-lm's.
+# Where verifying a drafted token costs this share of a plain step or more at every draft length,
+# drafts lose on real outputs (docs/design.md): speculation is turned off and decoding is mlx-lm's.
 STEEP = 0.5
+# Two widths in a row costing this share of as many single positions: no wider one can pay, and
+# calibration times none (docs/design.md).
+CANNOT_PAY = 0.9
 
 
 @dataclass(frozen=True)
@@ -134,10 +138,21 @@ def step_prices(cost: CostFn, curve: Curve, ahead: int | None) -> StepPrices:
     return StepPrices(lambda k: cost(k) / plain, (1.0 - plain) / plain, curve.eager)
 
 
+def cannot_pay(seconds: dict[int, float]) -> bool:
+    """Whether no pass wider than those timed (`seconds` by positions, the narrowest one) can pay:
+    the two widest each cost CANNOT_PAY of as many single positions. One alone may be a kernel
+    switch: on an H200 an 8B model's 4-bit passes cost 1.6 plain ones at 2 positions, 2.5 at 4-16."""
+    sizes = sorted(seconds)
+    one = seconds[sizes[0]]
+    return len(sizes) >= 3 and all(seconds[k] >= CANNOT_PAY * k / sizes[0] * one for k in sizes[-2:])
+
+
 def unprofitable(curve: Curve) -> str | None:
-    """Why speculation cannot pay on this curve (a drafted token costs STEEP of a step or more),
-    or None where it can."""
-    extra = token_cost(curve)
+    """Why speculation cannot pay on this curve (a drafted token costs STEEP of a step or more at
+    every width timed), or None where it can. The cheapest width counts, not the narrowest: on a
+    GPU's 4-bit kernels one drafted token may cost half a step while fifteen cost 0.1 each."""
+    extra = min(((cost - 1.0) / (n - 1) for n, cost in curve.relative.items() if n > 1), default=0.0)
     if extra < STEEP:
         return None
-    return f"verifying a drafted token costs {extra:.0%} of a plain step on this machine, too much to pay"
+    return (f"verifying a drafted token costs {extra:.0%} of a plain step or more on this machine, "
+            "too much to pay")

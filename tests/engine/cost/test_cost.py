@@ -1,5 +1,8 @@
 """The verify-cost curve: measuring it (calibrate) and what it means for drafting (cost)."""
 
+import time
+
+import mlx.core as mx
 import pytest
 
 from specgen.draft.drafter import AdaptiveDrafter
@@ -115,3 +118,38 @@ def test_speculation_is_off_where_a_drafted_token_costs_half_a_step_or_more():
     assert unprofitable(Curve({1: 1.0, 2: 1.11, 4: 1.28})) is None  # float32 SmolLM2, OpenBLAS
     reason = unprofitable(Curve({1: 1.0, 2: 1.75}))  # 4-bit SmolLM2 on this CPU
     assert reason is not None and "75% of a plain step" in reason
+    # Every width as dear per drafted token (the demo on MLX's own BLAS): still off.
+    assert unprofitable(Curve({1: 1.0, 2: 1.5, 4: 2.6, 8: 4.8, 16: 9.4})) is not None
+
+
+def test_speculation_is_on_where_wide_drafts_are_cheap_though_one_is_dear():
+    # An 8B model at 4 bits on an H200 (MLX's CUDA build): the kernel for 2 positions costs half
+    # a step more, 4-16 positions cost 2.44 steps, so a long copy's tokens cost 0.1 each.
+    h200 = Curve({1: 1.0, 2: 1.53, 4: 2.44, 8: 2.44, 16: 2.44, 32: 3.10, 64: 5.45})
+    assert unprofitable(h200) is None
+
+
+class KernelSwitch:
+    """The demo model, each pass made to take what an H200's 4-bit 8B passes take relative to
+    one position: two positions nearly twice one (a kernel switch), four and more little more."""
+
+    def __init__(self, model):
+        self.model, self.layers = model, model.layers
+
+    def __call__(self, x, cache=None, **kw):
+        out = self.model(x, cache=cache)
+        mx.eval(out)
+        time.sleep({1: 0.010, 2: 0.020}.get(x.shape[1], 0.022))
+        return out
+
+
+def test_a_dear_second_position_does_not_stop_the_calibration_short(stories, monkeypatch):
+    from specgen.engine.cost import batch as batch_cost
+
+    monkeypatch.setattr(calibrate, "BUDGET_S", 1.0)
+    model, sample = KernelSwitch(stories.model), stories.tokenizer.encode("Once upon a time")
+    curve = relative(calibrate.measure(model, sample))
+    assert max(curve) >= 4 and unprofitable(Curve(curve)) is None  # stopping at 2 had turned it off
+    grid = batch_cost.measure(model, sample, max_rows=2, budget_s=0.2).grid
+    assert all(max(row) >= 4 for row in grid.values())
+    assert batch_cost.Pricing(batch_cost.Measured(grid)).drafting(2) is not None
