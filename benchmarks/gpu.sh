@@ -1,0 +1,26 @@
+#!/bin/bash
+# The accelerator benchmark on an NVIDIA GPU under MLX's CUDA build, as one prepared device run.
+# Here, first: `bash ../shared/gpu/make_mlx_cuda.sh .gpu` (MLX's CUDA wheels, ~22 MB), llguidance's
+# wheel into .gpu/whl (the device image lacks it), and the tokenizer and traces the sets read into
+# .gpu/shared/{tokenizers/smollm2,traces} (../shared does not travel). There, from the repo root:
+#   [SETS="..."] [TRACES=3] [REPEATS=3] [BUDGET=480] bash benchmarks/gpu.sh
+# Writes $OUT/log, $OUT/gpu.jsonl and the calibrations specgen measured there (the curve and the
+# batched-step grid), which decide whether and how far it drafts.
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SHAPE=${SHAPE:-8b}; DTYPE=${DTYPE:-4bit}
+if [ -f .gpu/mlx-cuda.tar.xz ] && [ -z "$NO_BUNDLE" ]; then
+  mkdir -p /tmp/site && tar xJf .gpu/mlx-cuda.tar.xz -C /tmp/site || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .gpu/whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+[ -e ../shared ] || ln -s "$PWD/.gpu/shared" ../shared
+export PYTHONUNBUFFERED=1 SPECGEN_CACHE_DIR=$OUT/cache
+(nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv 2>&1 || true) | tee "$OUT/log"
+timeout "${BUDGET:-480}" python3 benchmarks/accelerator.py --shape "$SHAPE" --dtype "$DTYPE" \
+  --traces "${TRACES:-3}" --max-tokens 128 --repeats "${REPEATS:-3}" --batch 4 --json "$OUT/gpu.jsonl" \
+  --sets ${SETS:-code_edit_qwen25coder_7b chat_llama2_7b code_fix_python} 2>&1 | tee -a "$OUT/log"
+cp "$OUT"/cache/*calibration.json "$OUT/" 2>/dev/null; rm -rf "$OUT/cache"
