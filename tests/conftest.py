@@ -201,6 +201,30 @@ class Paced:
             self.delay = delay
 
 
+class DeviceLike:
+    """`model` timed as a device times it: each input shape's first pass sleeps `compile` seconds
+    (MLX's CUDA build compiles its kernels then), and every pass of k positions a row sleeps
+    `curve.get(k, rest)` (a device's cost curve, such as a GPU's 4-bit kernel switch)."""
+
+    def __init__(self, model, compile: float = 0.0, curve: dict[int, float] | None = None,
+                 rest: float = 0.0):
+        self.model, self.compile, self.curve, self.rest = model, compile, curve or {}, rest
+        self.seen = set()
+
+    def __call__(self, x, cache=None, **kwargs):
+        out = self.model(x, cache=cache, **kwargs)
+        mx.eval(out)
+        pause = self.curve.get(x.shape[1], self.rest)
+        if x.shape not in self.seen:
+            self.seen.add(x.shape)
+            pause += self.compile
+        time.sleep(pause)
+        return out
+
+    def __getattr__(self, name):  # its cache, layers and parameters are the model's
+        return getattr(self.model, name)
+
+
 @pytest.fixture(scope="session")
 def paced_engine(demo_engine):
     """The demo model at 10 ms a position: its 342-token greedy answer to "Once upon a time"

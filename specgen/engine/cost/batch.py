@@ -82,6 +82,7 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
         step(1)  # warm-up: kernels compiled, buffers allocated
         first = {1: step(1)}
         for w in WIDTHS[1:]:
+            step(w)  # its kernels compiled first: a cold width looks dear (seconds on MLX's CUDA build)
             first[w] = step(w)
             if cannot_pay(first):
                 break

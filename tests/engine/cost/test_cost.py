@@ -1,9 +1,7 @@
 """The verify-cost curve: measuring it (calibrate) and what it means for drafting (cost)."""
 
-import time
-
-import mlx.core as mx
 import pytest
+from conftest import DeviceLike
 
 from specgen.draft.drafter import AdaptiveDrafter
 from specgen.draft.length import linear_cost
@@ -129,27 +127,25 @@ def test_speculation_is_on_where_wide_drafts_are_cheap_though_one_is_dear():
     assert unprofitable(h200) is None
 
 
-class KernelSwitch:
-    """The demo model, each pass made to take what an H200's 4-bit 8B passes take relative to
-    one position: two positions nearly twice one (a kernel switch), four and more little more."""
-
-    def __init__(self, model):
-        self.model, self.layers = model, model.layers
-
-    def __call__(self, x, cache=None, **kw):
-        out = self.model(x, cache=cache)
-        mx.eval(out)
-        time.sleep({1: 0.010, 2: 0.020}.get(x.shape[1], 0.022))
-        return out
-
-
 def test_a_dear_second_position_does_not_stop_the_calibration_short(stories, monkeypatch):
     from specgen.engine.cost import batch as batch_cost
 
     monkeypatch.setattr(calibrate, "BUDGET_S", 1.0)
-    model, sample = KernelSwitch(stories.model), stories.tokenizer.encode("Once upon a time")
+    # An H200's 8B passes at 4 bits relative to one position: 2 nearly twice one (a kernel
+    # switch), 4 and more little more.
+    model = DeviceLike(stories.model, curve={1: 0.010, 2: 0.020}, rest=0.022)
+    sample = stories.tokenizer.encode("Once upon a time")
     curve = relative(calibrate.measure(model, sample))
     assert max(curve) >= 4 and unprofitable(Curve(curve)) is None  # stopping at 2 had turned it off
     grid = batch_cost.measure(model, sample, max_rows=2, budget_s=0.2).grid
     assert all(max(row) >= 4 for row in grid.values())
     assert batch_cost.Pricing(batch_cost.Measured(grid)).drafting(2) is not None
+
+
+def test_the_batched_grid_is_timed_once_each_shapes_kernels_are_compiled(stories):
+    from specgen.engine.cost import batch as batch_cost
+
+    model = DeviceLike(stories.model, compile=0.1)  # the demo's widths up to 8 cost far less
+    sample = stories.tokenizer.encode("Once upon a time")
+    grid = batch_cost.measure(model, sample, max_rows=2, budget_s=0.2).grid
+    assert all(max(row) == batch_cost.WIDTHS[-1] for row in grid.values())  # no cold width looked dear
