@@ -11,7 +11,7 @@ core) and `8b` (hidden 4096, `--dtype bfloat16` or `4bit`, for a GPU).
 
     OPENBLAS_NUM_THREADS=1 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \\
         python benchmarks/accelerator.py [--shape proxy|8b] [--dtype float32|bfloat16|4bit] \\
-        [--traces 3] [--max-tokens 128] [--repeats 3] [--sets ...]
+        [--traces 3] [--max-tokens 128] [--repeats 3] [--sets ...] [--batch 4] [--costs DIR]
 
 Prints the per-pass costs (a synchronous pass of 1 and 8 positions with its read-back, mlx-lm's
 pipelined plain step, a queued pass of k positions), then per set: decode tok/s of both (tokens
@@ -23,7 +23,9 @@ on any device), measured / predicted, and whether every text equals the trace.
 
 import argparse
 import json
+import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,9 +41,10 @@ from specgen.cli.timing import Timed, alternate, spread
 from specgen.draft.drafter import make_drafter
 from specgen.draft.simulate import Tally, replay
 from specgen.engine.cost.curve import cost_function, relative
-from specgen.engine.cost.store import blas
+from specgen.engine.cost.store import blas, machine_id
 from specgen.engine.decode.eager import CHOICES, eager
 from specgen.engine.decode.rollback import Rollback
+from specgen.store import CACHE_ENV
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 SETS = ["code_edit_qwen25coder_7b", "code_fix_python", "chat_llama2_7b", "chat_mistral_7b"]
@@ -88,6 +91,18 @@ def build(shape: str, dtype: str, vocab: int):
         model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())
     return Forced(model)
+
+
+def adopt(folder: str, key: str) -> None:
+    """Price as the machine whose calibrations `folder` holds (gpu.sh's $OUT): its curve and
+    batched-step grid, stored under this model's key on this machine in a fresh cache folder, are
+    read instead of measured. specgen then decides as it did there (how far to draft, whether a
+    batch drafts) while each pass costs what it costs here."""
+    cache = Path(tempfile.mkdtemp(prefix="specgen-costs-"))
+    for name in ("calibration.json", "batch_calibration.json"):
+        entry = next(iter(json.loads((Path(folder) / name).read_text()).values()))
+        (cache / name).write_text(json.dumps({f"{key}|{machine_id()}": entry}))
+    os.environ[CACHE_ENV] = str(cache)
 
 
 def pass_costs(model, tokens: list[int], context: int, every: int, rounds: int = 10) -> dict[str, object]:
@@ -194,6 +209,8 @@ def main():
     ap.add_argument("--json", help="append one JSON line per set to this file")
     ap.add_argument("--batch", type=int, default=0,
                     help="also time this many requests at once (batch_generate against mlx-lm's)")
+    ap.add_argument("--costs", help="price as another machine: a folder with its calibration.json and "
+                    "batch_calibration.json (gpu.sh keeps them in $OUT); the passes still cost this one's")
     args = ap.parse_args()
     tokenizer = load_tokenizer(Path(args.tokenizer))
     enc = lambda text: tokenizer.encode(text, add_special_tokens=False)
@@ -203,6 +220,8 @@ def main():
                           (SHARED / "traces/chat_llama2_7b.jsonl").read_text().splitlines()[:8]))
     print(f"# {args.shape} ({args.dtype}), {mx.default_device()}, mlx {mx.__version__}, BLAS: {blas()}")
     engine = specgen.engine_for(model, tokenizer)
+    if args.costs:
+        adopt(args.costs, engine.loaded.calibration_key)
     found = engine.costs()
     print(f"# specgen's calibration: {found.curve}, off: {found.off}")
     for name in args.sets:
