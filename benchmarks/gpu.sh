@@ -13,7 +13,8 @@ set -o pipefail
 if [ "$1" = prepare ]; then
   set -e
   bash ../shared/gpu/make_mlx_cuda.sh .gpu
-  version=$(python3 -c "import importlib.metadata as m; print(m.version('llguidance'))")
+  py=python3; [ -x .venv/bin/python ] && py=.venv/bin/python  # the installed llguidance's version
+  version=$($py -c "import importlib.metadata as m; print(m.version('llguidance'))")
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 -d .gpu/whl "llguidance==$version"
   mkdir -p .gpu/shared/tokenizers .gpu/shared/traces
