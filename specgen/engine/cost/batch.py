@@ -253,11 +253,10 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
         return [r.seq.step_draft(on=True) for r in rows]
     cost = pricing.drafting(count, slots)
     drafts = []
-    for r in rows:
-        priced = r.own_cost is not None
-        if priced and cost is not None:
+    for r, may in zip(rows, _may_draft(rows, pricing, count, slots)):
+        if r.own_cost is not None and cost is not None:
             _price(r.seq.drafter, cost)
-        drafts.append(r.seq.step_draft(on=not priced or cost is not None))
+        drafts.append(r.seq.step_draft(on=may))
     k = best_width([r.seq.planned(d) for r, d in zip(rows, drafts)], pricing.step(count, slots))
     return [d if len(d) <= k else r.seq.step_draft(on=True, most=k) for r, d in zip(rows, drafts)]
 
@@ -272,8 +271,8 @@ def behind_drafts(rows: list[Row], drafts: list[list[int]], pricing: Pricing | N
     lone sequence's own cost), a plain pass is queued behind a plain one where no row would
     draft. ("Any row would draft" ran a third of chat's steps synchronously for drafts the width
     then cut to nothing.)"""
-    on = pricing is None or count == 1 or pricing.drafting(count, slots) is not None
-    coming = [r.seq.coming(d, on or r.own_cost is None) for r, d in zip(rows, drafts)]
+    may = _may_draft(rows, pricing, count, slots)
+    coming = [r.seq.coming(d, on) for r, d, on in zip(rows, drafts, may)]
     if pricing is None:
         plain = all(c.whole == 1.0 and not c.reach for c in coming)
         return [[] for _ in coming] if plain else None
@@ -282,6 +281,14 @@ def behind_drafts(rows: list[Row], drafts: list[list[int]], pricing: Pricing | N
     if _yield(coming, k, ahead, True) < _yield(coming, best_width(coming, after, every=True), after, False):
         return None
     return [c.drafts[:k] for c in coming]
+
+
+def _may_draft(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> list[bool]:
+    """Whether each row may draft at this batch size: every row alone or unpriced (by its own
+    cost); with more rows, an adaptive drafter where some draft can pay here, and a fixed-length
+    one always (it drafts as told)."""
+    on = pricing is None or count == 1 or pricing.drafting(count, slots) is not None
+    return [on or r.own_cost is None for r in rows]
 
 
 def _price(drafter, cost: CostFn | None) -> None:
