@@ -91,14 +91,14 @@ def tiny_model(arch: str, seed: int = 0, **overrides):
 def isolated_cache(tmp_path_factory):
     """Calibration curves and memory files go to a temporary cache, shared by the session; batched
     step costs are timed for half a second, not BUDGET_S."""
-    from specgen.engine.cost import batch as batch_cost
+    from specgen.engine.cost import grid
 
     old = os.environ.get("SPECGEN_CACHE_DIR")
     os.environ["SPECGEN_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     # A server prices batched steps as it starts: quickly here, so that the grid's timing does not
     # load the CPU under the calibrations other tests run beside it.
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(batch_cost, "BUDGET_S", 0.5)
+        m.setattr(grid, "BUDGET_S", 0.5)
         yield
     if old is None:
         del os.environ["SPECGEN_CACHE_DIR"]

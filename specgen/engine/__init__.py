@@ -11,7 +11,8 @@
   streams.py), its rows (row.py), whether a model batches (probe.py) and its ragged cache
   (cache.py, kv.py, state.py, slots.py).
 - cost/: what a pass costs and what follows: the curve (curve.py, mode.py, model-free), its
-  measurement (calibrate.py), its file (store.py) and batched steps' pricing (batch.py).
+  measurement (calibrate.py), its file (store.py), batched steps' costs (grid.py) and their
+  pricing (batch.py).
 - load/: model aliases and loading (registry.py), a model split over processes (distributed.py).
 
 May import: specgen.draft, specgen.structured and the base modules. Re-exports nothing, so that

@@ -14,8 +14,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 import specgen
 from specgen import SpecgenWarning, batch_generate
 from specgen.engine.batch.streams import Streams
-from specgen.engine.cost import batch as batch_cost
-from specgen.engine.cost import calibrate
+from specgen.engine.cost import calibrate, grid
 from specgen.errors import SettingError
 
 PROMPTS = ["Once upon a time, there was a little girl named Lily. She loved to play outside. Lily",
@@ -28,7 +27,7 @@ def demo():
     about the curves."""
     with pytest.MonkeyPatch.context() as m:
         m.setattr(calibrate, "BUDGET_S", 0.5)
-        m.setattr(batch_cost, "BUDGET_S", 0.5)
+        m.setattr(grid, "BUDGET_S", 0.5)
         model, tokenizer = specgen.load("demo")
         batch_generate(model, tokenizer, ["Once"], max_tokens=2)
     return model, tokenizer

@@ -16,6 +16,7 @@ from typing import Hashable
 from specgen import defaults
 from specgen.engine.batch.batch import Batch
 from specgen.engine.cost import batch as batch_cost
+from specgen.engine.cost import grid
 from specgen.engine.cost.store import batch_calibration_file
 from specgen.engine.decode.loop import PREFILL_CHUNK
 from specgen.engine.engine import Engine, Request
@@ -114,7 +115,7 @@ class Streams:
         key = (loaded.calibration_key, self.batch.max_rows, batch_calibration_file())
         if key not in _PRICED:
             costs = self.engine.costs()
-            measured, warning = batch_cost.load_or_measure(
+            measured, warning = grid.load_or_measure(
                 loaded.model, loaded.calibration_key, loaded.tokenizer, self.batch.max_rows,
                 recalibrate=costs.fresh, every=costs.curve.eager,
                 before_measuring=lambda: self.engine.progress(

@@ -19,7 +19,7 @@ import mlx.core as mx
 from specgen.engine.cost.curve import Curve
 from specgen.store import cache_dir, locked, write_atomic
 
-VERSION = 7  # of how curves are measured (calibrate.py): curves measured otherwise are measured again
+VERSION = 8  # of how curves are measured (calibrate.py): curves measured otherwise are measured again
 
 
 def blas() -> str:

@@ -12,8 +12,9 @@ from specgen.draft.drafter import make_drafter
 from specgen.engine.batch import cache as batch_cache
 from specgen.engine.batch.batch import Batch
 from specgen.engine.batch.cache import unbatchable
-from specgen.engine.cost import batch as batch_cost
-from specgen.engine.cost.batch import Measured, Pricing, load_or_measure, measure
+from specgen.engine.cost import grid
+from specgen.engine.cost.batch import Pricing
+from specgen.engine.cost.grid import Measured, load_or_measure, measure
 from specgen.engine.decode.sampling import make_selector
 from specgen.errors import InputError
 from specgen.events import Prefilled, Step
@@ -283,7 +284,7 @@ def test_drafts_that_pay_over_a_short_cache_do_not_over_a_long_one():
 
 def test_a_grid_covers_every_row_count_of_the_batch_and_is_read_back(stories, monkeypatch, tmp_path):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(batch_cost, "BUDGET_S", 0.0)  # the fewest rounds, as on a slow machine
+    monkeypatch.setattr(grid, "BUDGET_S", 0.0)  # the fewest rounds, as on a slow machine
     measured = []
     first, _ = load_or_measure(stories.model, "m", stories.tokenizer, 8,
                                before_measuring=lambda: measured.append(1))

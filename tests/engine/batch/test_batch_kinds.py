@@ -16,7 +16,8 @@ from specgen.draft.drafter import make_drafter
 from specgen.engine.batch import kv as batch_kv
 from specgen.engine.batch.batch import Batch
 from specgen.engine.batch.probe import padding_unsupported
-from specgen.engine.cost.batch import Measured, Pricing, measure
+from specgen.engine.cost.batch import Pricing
+from specgen.engine.cost.grid import Measured, measure
 from specgen.engine.decode.sampling import make_selector
 from specgen.errors import InputError
 

@@ -6,7 +6,9 @@ from conftest import DeviceLike
 from specgen.draft.drafter import AdaptiveDrafter
 from specgen.draft.length import linear_cost
 from specgen.engine.cost import calibrate
+from specgen.engine.cost import grid as batch_grid
 from specgen.engine.cost import store as curve_store
+from specgen.engine.cost.batch import Pricing
 from specgen.engine.cost.calibrate import load_or_measure
 from specgen.engine.cost.curve import (
     Curve,
@@ -128,7 +130,6 @@ def test_speculation_is_on_where_wide_drafts_are_cheap_though_one_is_dear():
 
 
 def test_a_dear_second_position_does_not_stop_the_calibration_short(stories, monkeypatch):
-    from specgen.engine.cost import batch as batch_cost
 
     monkeypatch.setattr(calibrate, "BUDGET_S", 1.0)
     # An H200's 8B passes at 4 bits relative to one position: 2 nearly twice one (a kernel
@@ -137,15 +138,27 @@ def test_a_dear_second_position_does_not_stop_the_calibration_short(stories, mon
     sample = stories.tokenizer.encode("Once upon a time")
     curve = relative(calibrate.measure(model, sample))
     assert max(curve) >= 4 and unprofitable(Curve(curve)) is None  # stopping at 2 had turned it off
-    grid = batch_cost.measure(model, sample, max_rows=2, budget_s=0.2).grid
+    grid = batch_grid.measure(model, sample, max_rows=2, budget_s=0.2).grid
     assert all(max(row) >= 4 for row in grid.values())
-    assert batch_cost.Pricing(batch_cost.Measured(grid)).drafting(2) is not None
+    assert Pricing(batch_grid.Measured(grid)).drafting(2) is not None
 
 
 def test_the_batched_grid_is_timed_once_each_shapes_kernels_are_compiled(stories):
-    from specgen.engine.cost import batch as batch_cost
 
     model = DeviceLike(stories.model, compile=0.1)  # the demo's widths up to 8 cost far less
     sample = stories.tokenizer.encode("Once upon a time")
-    grid = batch_cost.measure(model, sample, max_rows=2, budget_s=0.2).grid
-    assert all(max(row) == batch_cost.WIDTHS[-1] for row in grid.values())  # no cold width looked dear
+    grid = batch_grid.measure(model, sample, max_rows=2, budget_s=0.2).grid
+    assert all(max(row) >= batch_grid.SURE for row in grid.values())  # no cold width looked dear
+
+
+def test_a_batched_grid_flat_to_eight_positions_is_timed_wider_where_the_budget_allows(stories):
+
+    # A GPU's batched step: as cheap at 8 positions a row as at 1, then dearer (an H100's 4 rows
+    # cost 1.56x at 32 what they cost at 8). Extrapolated from 4 and 8, 32 looked as cheap as 8.
+    model = DeviceLike(stories.model, curve={1: 0.010, 2: 0.010, 4: 0.010, 8: 0.011, 16: 0.016}, rest=0.03)
+    sample = stories.tokenizer.encode("Once upon a time")
+    measured = batch_grid.measure(model, sample, max_rows=2, budget_s=1.0)
+    assert all(max(row) >= 32 for row in measured.grid.values())
+    assert Pricing(measured).built(2)(31) > 2.5  # 3x a plain step, not ~1.1x
+    tight = batch_grid.measure(model, sample, max_rows=2, budget_s=0.05)  # wider rounds would overrun it
+    assert all(max(row) == batch_grid.SURE for row in tight.grid.values())

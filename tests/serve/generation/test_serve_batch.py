@@ -205,12 +205,12 @@ def test_a_burst_is_admitted_a_row_at_a_time_in_arrival_order(demo_engine, monke
 def test_batched_costs_are_measured_before_the_server_answers(demo_engine, tmp_path, monkeypatch):
     # On a fresh cache folder the first batched or constrained request measured them, blocking
     # every request behind it (57 s once, minutes under load) while /health said idle.
-    from specgen.engine.cost import batch as batch_cost
+    from specgen.engine.cost import grid
 
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(batch_cost, "BUDGET_S", 0.2)
-    measured, real = [], batch_cost.measure
-    monkeypatch.setattr(batch_cost, "measure", lambda *a, **k: measured.append(a[2]) or real(*a, **k))
+    monkeypatch.setattr(grid, "BUDGET_S", 0.2)
+    measured, real = [], grid.measure
+    monkeypatch.setattr(grid, "measure", lambda *a, **k: measured.append(a[2]) or real(*a, **k))
     with running(demo_engine, max_batch=3) as (url, worker):
         assert measured == [3] and health(url)["status"] == "ok"
         fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}

@@ -1,0 +1,187 @@
+"""What a batched step costs by rows and positions per row, timed once per model and machine.
+
+A step over B rows of T positions each is timed on a ragged batch (batch/cache.py) for every
+row count up to the batch's largest, at the widths a draft could pay at, and at two rows over a
+long cache (`measure`); `load_or_measure` caches it beside the single-sequence curve (a larger
+batch later adds row counts). batch.py prices drafts by it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, NamedTuple
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+
+from specgen.engine.batch.cache import RaggedBatch
+from specgen.engine.cost.calibrate import CONTEXT, SAMPLE
+from specgen.engine.cost.curve import cannot_pay
+from specgen.engine.cost.store import batch_calibration_file, machine_id, read_store, save_entry
+from specgen.engine.decode.eager import eager
+
+ROWS = (1, 2, 4, 8, 16, 32)  # row counts that may be timed (up to the batch's largest)
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # positions per row that may be timed (curve.py extrapolates past them)
+SURE = 8  # widths past this are timed only where their rounds fit the budget (a GPU's flat grid)
+BUDGET_S = 4.0  # about how long the rounds past the fewest may take, over all row counts
+ROUNDS = (3, 25)  # fewest and most rounds of every width, for each row count
+LONG = 1024  # cache slots of the second timing, which prices the slots a step attends over
+
+Grid = dict[int, dict[int, float]]  # rows -> positions per row -> seconds of a step
+
+
+class Measured(NamedTuple):
+    """A grid timed over a cache of CONTEXT slots, and what each further slot adds to a step:
+    `slot_s` seconds per row, plus `position_slot_s` per row and position. (Every row attends over
+    the whole buffer: on a CPU a wide step over 8 rows costs 2.9x a plain one at 32 slots and
+    4.3x at 1024; docs/design.md.)"""
+
+    grid: Grid
+    slot_s: float = 0.0
+    position_slot_s: float = 0.0
+
+    def seconds(self, rows: int, slots: int) -> dict[int, float]:
+        """A step's seconds by width at `rows` rows over `slots` cache slots: between two timed
+        row counts, the line through them (at the widths the larger was timed at); past the
+        largest, the largest's."""
+        sizes = sorted(self.grid)
+        hi = next((b for b in sizes if b >= rows), sizes[-1])
+        lo = max((b for b in sizes if b <= rows), default=hi)
+        at = (min(rows, hi) - lo) / (hi - lo) if hi > lo else 1.0
+        more = max(0, slots - CONTEXT) * min(rows, hi)
+        return {w: self.grid[lo].get(w, s) + at * (s - self.grid[lo].get(w, s))
+                + more * (self.slot_s + w * self.position_slot_s) for w, s in self.grid[hi].items()}
+
+
+def measure(model, sample: list[int], max_rows: int, budget_s: float | None = None, every: int = 0) -> Measured:
+    """Seconds of a step over B rows x T positions (with the argmax read back, as a step does),
+    for every B in ROWS up to `max_rows` (a size left out would be priced as a smaller one, and
+    its drafts be too long). Widths are timed in increasing order, no wider once two in a row cost
+    nearly as much as that many plain steps (curve.cannot_pay), nor past SURE where the rounds
+    would overrun the budget; each is the median of ROUNDS[0] rounds, or more up to SURE while
+    the budget lasts. Then two rows over LONG slots (the entries copied over, not computed: only
+    the shapes matter) at widths 1 and up to SURE give the cost of a slot. `every`: steps run
+    eagerly so (decode/eager.py), as batch.py runs a step nothing runs ahead of."""
+    budget_s = BUDGET_S if budget_s is None else budget_s
+    tokens = (sample * CONTEXT)[:CONTEXT]
+    solo = make_prompt_cache(model)
+    model(mx.array([tokens[:-1]], mx.uint32), cache=solo)
+    mx.eval([c.state for c in solo])
+    counts = _counts(max_rows)
+    grid: Grid = {}
+    start = time.perf_counter()
+    for n, rows in enumerate(counts):
+        step = _timer(model, solo, rows, tokens, every)
+        share = (budget_s - (time.perf_counter() - start)) / (len(counts) - n)
+        step(1)  # warm-up: kernels compiled, buffers allocated
+        first = {1: step(1)}
+        for w in WIDTHS[1:]:
+            widest = max(first)
+            if w > SURE and (1 + ROUNDS[0]) * first[widest] * w / widest > share:
+                break  # its rounds would take this row count's share of the budget: extrapolated
+            step(w)  # its kernels compiled first: a cold width looks dear (seconds on MLX's CUDA build)
+            first[w] = step(w)
+            if cannot_pay(first):
+                break
+        # Rounds past the fewest for the widths up to SURE, in what the wider ones leave.
+        wide = (ROUNDS[0] - 1) * sum(t for w, t in first.items() if w > SURE)
+        share = (budget_s - (time.perf_counter() - start)) / (len(counts) - n) - wide
+        rounds = max(ROUNDS[0], min(ROUNDS[1], int(share / sum(t for w, t in first.items() if w <= SURE))))
+        times = {w: [t] for w, t in first.items()}
+        step(1)  # not timed: a pass right after a wide one ran ~15% slow on this CPU
+        for wide, more in ((False, rounds - 1), (True, ROUNDS[0] - 1)):  # the wide ones last, apart
+            for _ in range(more):
+                for w, taken in times.items():
+                    if (w > SURE) == wide:
+                        taken.append(step(w))
+        grid[rows] = {w: statistics.median(v) for w, v in times.items()}
+    return Measured(grid, *_per_slot(model, solo, tokens, grid[2]))
+
+
+def _per_slot(model, solo: list, tokens: list[int], two: dict[int, float]) -> tuple[float, float]:
+    """(seconds per row per slot, and per row, position and slot) that LONG slots add to the
+    steps `two` timed over two rows of CONTEXT slots, at its narrowest and widest width."""
+    long = []
+    for c in solo:
+        if type(c) is ArraysCache:  # a state layer costs the same over any context
+            long.append(c)
+            continue
+        window = type(c) is RotatingKVCache  # its entries in time order, then as long as the rest
+        held = [c._temporal_order(x) if window else x[..., : c.offset, :] for x in (c.keys, c.values)]
+        kv = RotatingKVCache(c.max_size) if window else KVCache()
+        reps = -(-LONG // held[0].shape[2])
+        kv.keys, kv.values = (mx.concatenate([x] * reps, axis=2)[..., :LONG, :] for x in held)
+        kv.offset = LONG
+        if window:
+            kv._idx = LONG
+        long.append(kv)
+    step = _timer(model, long, 2, tokens)
+    step(1)  # warm-up
+    wide = max(w for w in two if w <= SURE)  # the widths a CPU drafts at (fitted there: design.md)
+    extra = {w: max(0.0, statistics.median(step(w) for _ in range(ROUNDS[0])) - two[w])
+             / (2 * (LONG - CONTEXT)) for w in (1, wide)}
+    per_position = max(0.0, (extra[wide] - extra[1]) / (wide - 1))
+    return max(0.0, extra[1] - per_position), per_position
+
+
+def _counts(max_rows: int) -> list[int]:
+    """The row counts a grid for batches of up to `max_rows` rows times: ROWS up to the first at or
+    past it (a batch between two is priced between them), two at least."""
+    n = next((i for i, r in enumerate(ROWS) if r >= max(max_rows, 2)), len(ROWS) - 1)
+    return list(ROWS[: n + 1])
+
+
+def _timer(model, solo: list, rows: int, tokens: list[int], every: int = 0) -> Callable[[int], float]:
+    """A function timing one step of `rows` rows (each holding what `solo` holds) by width, run
+    eagerly every `every` layers (decode/eager.py)."""
+    batch = RaggedBatch(len(solo))
+    batch.add([solo] * rows)
+
+    def step(width: int) -> float:
+        # Nothing is committed: every timed pass writes the same slots over again.
+        batch.slots.begin([width] * rows)
+        x = mx.array([(tokens * width)[:width]] * rows, mx.uint32)
+        t = time.perf_counter()
+        with eager(batch.layers, every):
+            logits = model(x, cache=batch.layers)
+        mx.argmax(logits, axis=-1).tolist()
+        return time.perf_counter() - t
+
+    return step
+
+
+def _valid(entry) -> Measured | None:
+    try:
+        grid = {int(b): {int(t): float(s) for t, s in row.items()} for b, row in entry["grid"].items()}
+        per_slot = float(entry["slot_s"]), float(entry["position_slot_s"])
+    except (AttributeError, KeyError, ValueError, TypeError):
+        return None
+    ok = grid and all(1 in row and len(row) >= 2 and all(s > 0 for s in row.values())
+                      for row in grid.values())
+    return Measured(grid, *per_slot) if ok and min(per_slot) >= 0 else None
+
+
+def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibrate: bool = False,
+                    before_measuring=lambda: None, every: int = 0) -> tuple[Measured, str | None]:
+    """This model's step costs on this machine from the cache, or measured and cached (the row
+    counts for `max_rows`: a cached grid of fewer is measured again; steps run eagerly every
+    `every` layers, as the single-sequence curve says, measured again with it); and a warning
+    where the cache cannot be written."""
+    path = batch_calibration_file()
+    key = f"{model_key}|{machine_id()}"
+    try:
+        cached = None if recalibrate else _valid(read_store(path).get(key))
+    except (OSError, ValueError):
+        cached = None
+    if cached is not None and set(_counts(max_rows)) <= set(cached.grid):
+        return cached, None
+    before_measuring()
+    measured = measure(model, list(tokenizer.encode(SAMPLE)) or [0], max_rows, every=every)
+    try:
+        stored = {str(b): {str(t): s for t, s in row.items()} for b, row in measured.grid.items()}
+        save_entry(path, key, {"grid": stored, "slot_s": measured.slot_s,
+                               "position_slot_s": measured.position_slot_s})
+    except OSError as e:
+        return measured, f"cannot save the batch calibration to {path} ({e.strerror or e})"
+    return measured, None
