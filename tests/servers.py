@@ -15,9 +15,9 @@ from specgen.serve import ServeConfig, make_server
 
 
 @contextlib.contextmanager
-def running(engine, load=None, **settings):
+def serving(engine, load=None, **settings):
     """Serve `engine` on 127.0.0.1 (a port the OS picks; `load` loads config.others); yields
-    (base URL, the app's worker)."""
+    (base URL, the uvicorn server), and stops it on the way out."""
     config = ServeConfig(**{"model_name": "demo", **settings})
     server = make_server(engine, config, "127.0.0.1", 0, log_level="warning", load=load)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -27,8 +27,17 @@ def running(engine, load=None, **settings):
         while not server.started:
             assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        url = f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", server
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+@contextlib.contextmanager
+def running(engine, load=None, **settings):
+    """Serve `engine` as `serving` does; yields (base URL, the app's worker)."""
+    with serving(engine, load, **settings) as (url, server):
         if isinstance(engine.loaded.model, Paced):
             # One request at full speed first: the curves this server's batch size prices drafts
             # by are measured then (if not yet), not under the sleeps.
@@ -38,10 +47,6 @@ def running(engine, load=None, **settings):
                 assert r.status_code == 200, r.text
         models = server.config.app.state.models
         yield url, models.resident[models.default].worker
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        assert not thread.is_alive(), "the server did not stop"
 
 
 def client(url: str, **kw) -> openai.OpenAI:

@@ -105,13 +105,13 @@ def create_app(engine: Engine, config: ServeConfig, load: Callable[[str], Engine
 
     @asynccontextmanager
     async def lifespan(_app):
-        models.resident[config.model_name].worker.start()
+        models.start()
         sweeper = asyncio.create_task(models.sweep())
         try:
             yield
         finally:
             sweeper.cancel()
-            await run_in_threadpool(models.stop, 10.0)
+            await models.stop(10.0)
 
     app = FastAPI(title="specgen", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.models = models  # (nothing else holds a model: one unloaded is let go)

@@ -27,7 +27,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from specgen.engine.engine import Engine
 from specgen.serve.apis.ollama import base_name
-from specgen.serve.generation.worker import DEVICE, Worker
+from specgen.serve.generation.worker import DEVICE, Worker, stopping_error
 from specgen.serve.schema import ApiError
 
 _log = logging.getLogger("specgen.serve")
@@ -74,6 +74,9 @@ class Models:
         self._on_load, self._on_unload, self.memory = on_load, on_unload, memory
         self.resident: dict[str, Resident] = {}
         self._loading: dict[str, asyncio.Future] = {}
+        self._stopped = asyncio.Event()  # set on shutdown: requests waiting for a load go
+        self._unloading: set[Resident] = set()  # models whose unload is stopping their worker
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's (`start`)
         self._add(Resident(first_name, first, worker(first), 0.0, keep_alive, reloadable=specs[first_name] is not None))
 
     def names(self) -> list[str]:
@@ -112,16 +115,29 @@ class Models:
 
     async def _loaded(self, name: str) -> Resident:
         """The model loaded: by a task of its own, which every request for it awaits (shielded: a
-        request that goes away does not cancel the load the others wait for)."""
+        request that goes away does not cancel the load the others wait for); a 503 once the
+        server is stopping, at once rather than when the load ends."""
+        if self._stopped.is_set():
+            raise stopping_error()
         if name not in self._loading:
             self._loading[name] = asyncio.ensure_future(self._load_task(name))
-        return await asyncio.shield(self._loading[name])
+        load, stop = asyncio.shield(self._loading[name]), asyncio.ensure_future(self._stopped.wait())
+        await asyncio.wait((load, stop), return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not load.done():
+            load.cancel()  # (this request's wait only: the load goes on, and `stop` waits for it)
+            raise stopping_error()
+        return load.result()
 
     async def _load_task(self, name: str) -> Resident:
         try:
             await self._make_room()
+            if self._stopped.is_set():
+                raise stopping_error()
             start = time.perf_counter()
             engine, worker = await run_in_threadpool(self._make, self.specs[name])
+            if self._stopped.is_set():  # its requests were answered: nothing left to serve
+                raise stopping_error()
             resident = Resident(name, engine, worker, time.perf_counter() - start, self.keep_alive)
             self._add(resident)
             worker.start()
@@ -149,7 +165,7 @@ class Models:
     async def _make_room(self) -> None:
         """Unload the least recently used idle model until one more fits (waiting for one to be
         idle); a 503 where none ever can be (every resident one was handed over loaded)."""
-        while len(self.resident) + len(self._loading) > self.max_models:
+        while len(self.resident) + len(self._loading) > self.max_models and not self._stopped.is_set():
             if not any(r.reloadable for r in self.resident.values()):
                 raise ApiError(503, f"{len(self.resident)} models are resident (--max-models {self.max_models}) "
                                     "and none can be unloaded", kind="server_error")
@@ -166,7 +182,9 @@ class Models:
             return
         del self.resident[resident.name]
         self._on_unload(resident)
+        self._unloading.add(resident)  # (until it ends: a shutdown cancels the sweep, not the thread)
         await run_in_threadpool(resident.worker.stop, STOP_S)
+        self._unloading.discard(resident)
         if self.memory:
             resident.engine.save_memory()
         resident.engine = resident.worker = None
@@ -202,13 +220,36 @@ class Models:
         await self.unload(resident)
         return True
 
+    def start(self) -> None:
+        """Start serving (from the server's event loop): the default model's worker starts."""
+        self._loop = asyncio.get_running_loop()
+        self.resident[self.default].worker.start()
+
     def stop_soon(self) -> None:
-        for resident in self.resident.values():
+        """On shutdown (from any thread): cancel every model's jobs, and answer the requests
+        waiting for a load."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
+        for resident in list(self.resident.values()):
             resident.worker.stop_soon()
 
-    def stop(self, timeout: float) -> None:
-        """Stop every worker (on shutdown) and save each model's memory."""
-        for resident in list(self.resident.values()):
+    async def stop(self, timeout: float) -> None:
+        """Stop every worker (on shutdown) and save each model's memory, once the loads in
+        progress have ended: a load cannot be interrupted, and a process that exits while a
+        thread runs MLX may abort."""
+        self._stopped.set()
+        loads = list(self._loading.values())
+        if loads:
+            done, pending = await asyncio.wait(loads, timeout=timeout)
+            for load in done:  # (each was its waiting requests' error, already answered)
+                load.cancelled() or load.exception()
+            if pending:
+                _log.warning("a model's load had not ended %.0f s after the server stopped", timeout)
+        await run_in_threadpool(self._stop_workers, timeout)
+
+    def _stop_workers(self, timeout: float) -> None:
+        # Every resident model, and any whose unload the shutdown cancelled midway.
+        for resident in [*self._unloading, *self.resident.values()]:
             resident.worker.stop(timeout)
             if self.memory:
                 resident.engine.save_memory()

@@ -4,6 +4,7 @@ for (its wait in `load_duration`), unloads after its keep-alive or when --max-mo
 request's error alone."""
 
 import gc
+import signal
 import threading
 import time
 import weakref
@@ -12,7 +13,7 @@ import httpx
 import ollama
 import pytest
 from conftest import save_tiny
-from servers import client, running
+from servers import client, running, serving
 
 from specgen.engine.engine import Engine, Request
 from specgen.engine.options import Options
@@ -148,3 +149,36 @@ def test_specgen_ps_shows_what_a_running_server_holds(demo_engine, other):
         assert refused.exit_code == 1 and "answered 401" in refused.stderr
     gone = CliRunner().invoke(app, ["ps", "--url", url])
     assert gone.exit_code == 1 and "no server at" in gone.stderr
+
+
+def test_a_shutdown_during_a_load_answers_its_waiting_request_and_waits_for_the_load(
+        demo_engine, other, monkeypatch):
+    # A load cannot be interrupted: a server that exited with one running in a thread (MLX
+    # calibrating) could abort; its waiting request was cancelled at the grace period's end, a 500.
+    import specgen.serve
+
+    monkeypatch.setattr(specgen.serve, "GRACE_S", 1.0)
+    began, ended = threading.Event(), []
+
+    def slow(spec: str) -> Engine:
+        began.set()
+        time.sleep(2.5)  # longer than the grace period
+        engine = Engine.load(spec)
+        ended.append(time.monotonic())
+        return engine
+
+    got = {}
+    with serving(demo_engine, load=slow, model="demo", others=(("other", other),)) as (url, server):
+        asked = threading.Thread(target=lambda: got.update(r=httpx.post(
+            f"{url}/v1/completions", json={"model": "other", "prompt": ONCE, "max_tokens": 4}, timeout=30)))
+        asked.start()
+        assert began.wait(30)
+        stop = time.monotonic()
+        server.handle_exit(signal.SIGTERM, None)
+        asked.join(30)
+        answered = time.monotonic()
+    stopped = time.monotonic()
+    r = got["r"]
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+    assert answered - stop < 1.0  # at once, not when the load or the grace period ends
+    assert ended and ended[0] < stopped  # the server ended after the load did
