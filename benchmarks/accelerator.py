@@ -275,7 +275,10 @@ def main():
                   f"({row['batch']['min']:.2f}-{row['batch']['max']:.2f}), decode alone "
                   f"{row['batch']['decode_speedup']:.2f}x ({row['batch']['decode_min']:.2f}-"
                   f"{row['batch']['decode_max']:.2f}), {row['batch']['tokens_per_step']:.2f} "
-                  f"tokens a batched step, identical {row['batch']['identical']}", flush=True)
+                  f"tokens a batched step, identical {row['batch']['identical']}; prefill "
+                  f"{row['batch']['prefill_share']:.0%} of mlx-lm's call, so at most "
+                  f"{row['batch']['ceiling']:.2f}x ({row['batch']['ceiling_min']:.2f}-"
+                  f"{row['batch']['ceiling_max']:.2f})", flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -291,13 +294,15 @@ def batched(model, tokenizer, picked, end, rows: int, repeats: int) -> dict:
         return [prompt + output[: 4 * i] for i in range(rows)], len(output) - 4 * (rows - 1)
 
     steps, decode = [], {"mlx-lm": [], "specgen": []}  # decode: each call's generation seconds
+    whole = []  # mlx-lm's whole calls' seconds, beside its decode seconds in `decode`
 
     def mlx_lm_run(po):
         prompts, n = work(po)
         t = time.perf_counter()
         out = mlx_lm.batch_generate(model, tokenizer, prompts, max_tokens=n, return_token_ids=True)
         decode["mlx-lm"].append(out.stats.generation_time)
-        return Timed([t for ids in out.token_ids for t in ids], n * rows, time.perf_counter() - t)
+        whole.append(time.perf_counter() - t)
+        return Timed([t for ids in out.token_ids for t in ids], n * rows, whole[-1])
 
     def specgen_run(po):
         prompts, n = work(po)
@@ -311,7 +316,7 @@ def batched(model, tokenizer, picked, end, rows: int, repeats: int) -> dict:
     contenders = {"mlx-lm": mlx_lm_run, "specgen": specgen_run}
     for po in picked:
         mlx_lm_run(po), specgen_run(po)
-    steps.clear()
+    steps.clear(), whole.clear()
     decode["mlx-lm"].clear(), decode["specgen"].clear()
     identical = True
 
@@ -325,8 +330,13 @@ def batched(model, tokenizer, picked, end, rows: int, repeats: int) -> dict:
     # Decode alone (prefill left out), each call's own ratio: what speculation moves; the whole
     # call also holds the four prefills, which both pay alike.
     decoded = spread([a / b for a, b in zip(decode["mlx-lm"], decode["specgen"])])
+    # The whole call's ceiling: its speedup were specgen's decoding free and the rest (the four
+    # prefills) what it costs mlx-lm.
+    ceiling = spread([w / (w - d) for w, d in zip(whole, decode["mlx-lm"])])
     return {"rows": rows, "speedup": med, "min": low, "max": high, "tokens_per_step": tps,
-            "identical": identical, "decode_speedup": decoded[0], "decode_min": decoded[1], "decode_max": decoded[2]}
+            "identical": identical, "decode_speedup": decoded[0], "decode_min": decoded[1], "decode_max": decoded[2],
+            "prefill_share": statistics.median(1 - d / w for w, d in zip(whole, decode["mlx-lm"])),
+            "ceiling": ceiling[0], "ceiling_min": ceiling[1], "ceiling_max": ceiling[2]}
 
 
 def _time_spec(model, tokenizer, po, end, steps) -> Timed:
