@@ -85,8 +85,8 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
             if cannot_pay(first):
                 break
         # Rounds past the fewest for the widths up to SURE, in what the wider ones leave.
-        wide = (ROUNDS[0] - 1) * sum(t for w, t in first.items() if w > SURE)
-        share = (budget_s - (time.perf_counter() - start)) / (len(counts) - n) - wide
+        wide_s = (ROUNDS[0] - 1) * sum(t for w, t in first.items() if w > SURE)
+        share = (budget_s - (time.perf_counter() - start)) / (len(counts) - n) - wide_s
         rounds = max(ROUNDS[0], min(ROUNDS[1], int(share / sum(t for w, t in first.items() if w <= SURE))))
         times = {w: [t] for w, t in first.items()}
         step(1)  # not timed: a pass right after a wide one ran ~15% slow on this CPU
@@ -101,7 +101,7 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
 
 def _per_slot(model, solo: list, tokens: list[int], two: dict[int, float]) -> tuple[float, float]:
     """(seconds per row per slot, and per row, position and slot) that LONG slots add to the
-    steps `two` timed over two rows of CONTEXT slots, at its narrowest and widest width."""
+    steps `two` timed over two rows of CONTEXT slots, at widths 1 and its widest up to SURE."""
     long = []
     for c in solo:
         if type(c) is ArraysCache:  # a state layer costs the same over any context
