@@ -15,7 +15,10 @@ and through mlx_lm.batch_generate, each a whole process (load included), alterna
 Alone (`--only alone`): the bound speculation sets on the serving figures. Each level's very
 requests (the same numbers), one at a time in process, plain (draft 0) and speculative: a round's
 bound is its slowest plain request over its slowest speculative one, what the two servers would
-give if every request ran at once as fast as alone.
+give if every request ran at once as fast as alone. With more than one client, the same requests
+also run at once through `specgen.batch_generate` (the serving engine, without HTTP): "at once"
+is the sum of their speculative times alone (prefill included) over the batch's, the same work
+two ways, so above 1 where serving them together beats serving them one at a time.
 
 Long prefill: while a long prompt (--long-tokens) is being prefilled, a short request is sent;
 its time to first token shows whether prefill is chunked between decode steps.
@@ -206,27 +209,42 @@ def alone(model: str, levels: list[int], rounds: int, max_tokens: int, first: in
     pool = prompt_pool()
     loaded, tokenizer = specgen.load(model)
     specgen.generate(loaded, tokenizer, "Hello", max_tokens=8)  # kernels, and the cost curve once
+    if max(levels) > 1:  # and the batched steps' costs, once per machine
+        specgen.batch_generate(loaded, tokenizer, ["Hello", "Once upon a time"], max_tokens=8)
 
-    def seconds(ids, **kw) -> tuple[float, str]:
-        start, text = None, []
+    def seconds(ids, **kw) -> tuple[float, float, str]:
+        """(from the first token, as decode tok/s; whole, prefill included; the text)"""
+        called, start, text = time.perf_counter(), None, []
         for r in specgen.stream_generate(loaded, tokenizer, ids, max_tokens=max_tokens, **kw):
-            start = start or time.perf_counter()  # from the first token, as decode tok/s
+            start = start or time.perf_counter()
             text.append(r.text)
-        return time.perf_counter() - start, "".join(text)
+        end = time.perf_counter()
+        return end - start, end - called, "".join(text)
 
     per: dict[int, list[float]] = {}
+    together: dict[int, list[float]] = {}
     identical = True
     for clients, numbers in timed_numbers(first, levels, rounds):
-        plain, spec = [], []
+        plain, spec, whole, texts = [], [], [], []
         for n in numbers:
             ids = tokenizer.apply_chat_template(numbered(n, pool), add_generation_prompt=True)
-            (a, text_a), (b, text_b) = seconds(ids, draft=0), seconds(ids)
-            plain.append(a), spec.append(b)
+            (a, _, text_a), (b, w, text_b) = seconds(ids, draft=0), seconds(ids)
+            plain.append(a), spec.append(b), whole.append(w), texts.append((ids, text_b))
             identical &= text_a == text_b
         per.setdefault(clients, []).append(max(plain) / max(spec))
-    return [{"set": "alone", "clients": c, "bound_median": round(statistics.median(v), 3),
-             "bound_min": round(min(v), 3), "bound_max": round(max(v), 3), "identical": identical}
-            for c, v in per.items()]
+        if clients > 1:
+            t = time.perf_counter()
+            out = specgen.batch_generate(loaded, tokenizer, [ids for ids, _ in texts], max_tokens=max_tokens)
+            together.setdefault(clients, []).append(sum(whole) / (time.perf_counter() - t))
+            identical &= all(got.lstrip() == text.lstrip() for got, (_, text) in zip(out.texts, texts))
+    rows = []
+    for c, v in per.items():
+        rows.append({"set": "alone", "clients": c, "bound_median": round(statistics.median(v), 3),
+                     "bound_min": round(min(v), 3), "bound_max": round(max(v), 3), "identical": identical})
+        if c in together:
+            rows[-1].update(at_once_median=round(statistics.median(together[c]), 3),
+                            at_once_min=round(min(together[c]), 3), at_once_max=round(max(together[c]), 3))
+    return rows
 
 
 def long_prefill(clients: dict, pool: list[list[dict]], n: int, max_tokens: int, long_chars: int = 16000) -> dict:
