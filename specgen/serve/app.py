@@ -111,7 +111,7 @@ def create_app(engine: Engine, config: ServeConfig, load: Callable[[str], Engine
             yield
         finally:
             sweeper.cancel()
-            await models.stop(10.0)
+            await models.stop()
 
     app = FastAPI(title="specgen", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.models = models  # (nothing else holds a model: one unloaded is let go)

@@ -32,7 +32,7 @@ from specgen.serve.schema import ApiError
 
 _log = logging.getLogger("specgen.serve")
 SWEEP_S = 0.25  # how often idle models are looked at (a keep-alive of 0 unloads within this)
-STOP_S = 10.0  # how long an unloading model's worker gets to end
+STOP_S = 10.0  # how long an unloading model's worker gets to end, and a stopping server's loads
 
 
 @dataclass(eq=False)
@@ -135,7 +135,10 @@ class Models:
             if self._stopped.is_set():
                 raise stopping_error()
             start = time.perf_counter()
-            engine, worker = await run_in_threadpool(self._make, self.specs[name])
+            # In the loop's own executor, whose threads the server's exit waits for: a process
+            # that exits while a thread runs MLX may abort, and a load cannot be interrupted.
+            loop = asyncio.get_running_loop()
+            engine, worker = await loop.run_in_executor(None, self._make, self.specs[name])
             if self._stopped.is_set():  # its requests were answered: nothing left to serve
                 raise stopping_error()
             resident = Resident(name, engine, worker, time.perf_counter() - start, self.keep_alive)
@@ -233,19 +236,19 @@ class Models:
         for resident in list(self.resident.values()):
             resident.worker.stop_soon()
 
-    async def stop(self, timeout: float) -> None:
+    async def stop(self) -> None:
         """Stop every worker (on shutdown) and save each model's memory, once the loads in
-        progress have ended: a load cannot be interrupted, and a process that exits while a
-        thread runs MLX may abort."""
+        progress have ended (waiting STOP_S for them here; past that, the server's exit waits for
+        them, as for any thread of its loop's executor)."""
         self._stopped.set()
         loads = list(self._loading.values())
         if loads:
-            done, pending = await asyncio.wait(loads, timeout=timeout)
+            done, pending = await asyncio.wait(loads, timeout=STOP_S)
             for load in done:  # (each was its waiting requests' error, already answered)
                 load.cancelled() or load.exception()
             if pending:
-                _log.warning("a model's load had not ended %.0f s after the server stopped", timeout)
-        await run_in_threadpool(self._stop_workers, timeout)
+                _log.warning("waiting for a model's load to end before exiting")
+        await run_in_threadpool(self._stop_workers, STOP_S)
 
     def _stop_workers(self, timeout: float) -> None:
         # Every resident model, and any whose unload the shutdown cancelled midway.

@@ -156,8 +156,10 @@ def test_a_shutdown_during_a_load_answers_its_waiting_request_and_waits_for_the_
     # A load cannot be interrupted: a server that exited with one running in a thread (MLX
     # calibrating) could abort; its waiting request was cancelled at the grace period's end, a 500.
     import specgen.serve
+    from specgen.serve import models
 
     monkeypatch.setattr(specgen.serve, "GRACE_S", 1.0)
+    monkeypatch.setattr(models, "STOP_S", 0.5)  # past it, the server's exit waits for the load
     began, ended = threading.Event(), []
 
     def slow(spec: str) -> Engine:
