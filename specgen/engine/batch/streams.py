@@ -2,9 +2,9 @@
 up and answers it alone (Engine.plan, responder.Responder): the surface that the server's worker
 and `run --prompts --batch` drive, one thread stepping it.
 
-Drafts are priced by the measured cost of a batched step (cost/batch.py, measured once per model
-and machine: by a server before it answers, else before the first request that drafts
-adaptively). A model that cannot batch (probe.batch_unsupported) is the caller's to run one
+Drafts are priced (cost/batch.py) by the measured cost of a batched step (cost/grid.py, measured
+once per model and machine: by a server before it answers, else before the first request that
+drafts adaptively). A model that cannot batch (probe.batch_unsupported) is the caller's to run one
 request at a time.
 """
 
