@@ -41,7 +41,7 @@ from specgen.cli.timing import Timed, alternate, spread
 from specgen.draft.drafter import make_drafter
 from specgen.draft.simulate import Tally, replay
 from specgen.engine.cost.curve import cost_function, relative
-from specgen.engine.cost.store import batch_calibration_file, blas, machine_id, read_store
+from specgen.engine.cost.store import batch_calibration_file, blas, entry_key, read_store
 from specgen.engine.decode.eager import CHOICES, eager
 from specgen.engine.decode.rollback import Rollback
 from specgen.store import CACHE_ENV
@@ -101,7 +101,7 @@ def adopt(folder: str, key: str) -> None:
     cache = Path(tempfile.mkdtemp(prefix="specgen-costs-"))
     for name in ("calibration.json", "batch_calibration.json"):
         entry = next(iter(json.loads((Path(folder) / name).read_text()).values()))
-        (cache / name).write_text(json.dumps({f"{key}|{machine_id()}": entry}))
+        (cache / name).write_text(json.dumps({entry_key(key): entry}))
     os.environ[CACHE_ENV] = str(cache)
 
 
@@ -283,7 +283,7 @@ def main():
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
     if args.batch:  # what the batch priced its drafts by (how wide it timed, and how dear)
-        entry = read_store(batch_calibration_file()).get(f"{engine.loaded.calibration_key}|{machine_id()}", {})
+        entry = read_store(batch_calibration_file()).get(entry_key(engine.loaded.calibration_key), {})
         for rows, widths in entry.get("grid", {}).items():
             print(f"# batched step, {rows} rows, ms by positions a row: "
                   + ", ".join(f"{w}: {t * 1e3:.1f}" for w, t in widths.items()))

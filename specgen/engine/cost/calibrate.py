@@ -37,9 +37,9 @@ from specgen.engine.cost.curve import (
 )
 from specgen.engine.cost.store import (
     calibration_file,
+    entry_key,
     flat,
     host_has_a_core,
-    machine_id,
     read_store,
     save_entry,
     unflat,
@@ -229,7 +229,7 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     (no queuing-ahead overlap nor eager passes: each would time them differently), and all use
     rank 0's curve."""
     path = calibration_file()
-    key = f"{model_key}|{machine_id()}" + (f"|{world.size} ranks" if world else "")
+    key = entry_key(model_key) + (f"|{world.size} ranks" if world else "")
     warning = None
     try:
         cached = None if recalibrate else valid_curve(read_store(path).get(key))

@@ -18,7 +18,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 from specgen.engine.batch.cache import RaggedBatch
 from specgen.engine.cost.calibrate import CONTEXT, SAMPLE
 from specgen.engine.cost.curve import cannot_pay
-from specgen.engine.cost.store import batch_calibration_file, machine_id, read_store, save_entry
+from specgen.engine.cost.store import batch_calibration_file, entry_key, read_store, save_entry
 from specgen.engine.decode.eager import eager
 
 ROWS = (1, 2, 4, 8, 16, 32)  # row counts that may be timed (up to the batch's largest)
@@ -71,14 +71,18 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     counts = _counts(max_rows)
     grid: Grid = {}
     start = time.perf_counter()
+
+    def share(n: int) -> float:  # the n-th row count's share of what is left of the budget
+        return (budget_s - (time.perf_counter() - start)) / (len(counts) - n)
+
     for n, rows in enumerate(counts):
         step = _timer(model, solo, rows, tokens, every)
-        share = (budget_s - (time.perf_counter() - start)) / (len(counts) - n)
+        ahead = share(n)
         step(1)  # warm-up: kernels compiled, buffers allocated
         first = {1: step(1)}
         for w in WIDTHS[1:]:
             widest = max(first)
-            if w > SURE and (1 + ROUNDS[0]) * first[widest] * w / widest > share:
+            if w > SURE and (1 + ROUNDS[0]) * first[widest] * w / widest > ahead:
                 break  # its rounds would take this row count's share of the budget: extrapolated
             step(w)  # its kernels compiled first: a cold width looks dear (seconds on MLX's CUDA build)
             first[w] = step(w)
@@ -86,8 +90,8 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
                 break
         # Rounds past the fewest for the widths up to SURE, in what the wider ones leave.
         wide_s = (ROUNDS[0] - 1) * sum(t for w, t in first.items() if w > SURE)
-        share = (budget_s - (time.perf_counter() - start)) / (len(counts) - n) - wide_s
-        rounds = max(ROUNDS[0], min(ROUNDS[1], int(share / sum(t for w, t in first.items() if w <= SURE))))
+        narrow_s = sum(t for w, t in first.items() if w <= SURE)
+        rounds = max(ROUNDS[0], min(ROUNDS[1], int((share(n) - wide_s) / narrow_s)))
         times = {w: [t] for w, t in first.items()}
         step(1)  # not timed: a pass right after a wide one ran ~15% slow on this CPU
         for wide, more in ((False, rounds - 1), (True, ROUNDS[0] - 1)):  # the wide ones last, apart
@@ -169,7 +173,7 @@ def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibr
     `every` layers, as the single-sequence curve says, measured again with it); and a warning
     where the cache cannot be written."""
     path = batch_calibration_file()
-    key = f"{model_key}|{machine_id()}"
+    key = entry_key(model_key)
     try:
         cached = None if recalibrate else _valid(read_store(path).get(key))
     except (OSError, ValueError):

@@ -58,6 +58,11 @@ def machine_id() -> str:
             f"|{blas()}|v{VERSION}")
 
 
+def entry_key(model_key: str) -> str:
+    """A model's key in the calibration files: the model, on this machine."""
+    return f"{model_key}|{machine_id()}"
+
+
 def calibration_file() -> Path:
     return cache_dir() / "calibration.json"
 
