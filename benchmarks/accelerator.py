@@ -312,7 +312,10 @@ def batched(model, tokenizer, picked, end, rows: int, repeats: int) -> dict:
     def specgen_run(po):
         prompts, n = work(po)
         t = time.perf_counter()
-        out = specgen.batch_generate(model, tokenizer, prompts, max_tokens=n, return_token_ids=True)
+        # `rows` at most, so the batched grid it needs is up to `rows` rows: one adopted with --costs
+        # (up to 8 rows) is then read, not measured again for the default 32.
+        out = specgen.batch_generate(model, tokenizer, prompts, max_tokens=n, return_token_ids=True,
+                                     completion_batch_size=rows)
         run = Timed([t for ids in out.token_ids for t in ids], n * rows, time.perf_counter() - t)
         steps.append((out.stats.generation_tokens, out.stats.generation_steps))
         decode["specgen"].append(out.stats.generation_time)
