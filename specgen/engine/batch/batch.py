@@ -41,6 +41,7 @@ from specgen import defaults
 from specgen.engine.batch.cache import RaggedBatch
 from specgen.engine.batch.probe import probe
 from specgen.engine.batch.row import Row
+from specgen.engine.batch.share import Sharing
 from specgen.engine.cost.batch import Pricing, behind_drafts, step_drafts
 from specgen.engine.decode.eager import Stopped, eager, stoppable
 from specgen.engine.decode.loop import PREFILL_CHUNK
@@ -116,6 +117,7 @@ class Batch:
         self.rollback = probed.rollback  # as a row alone says it rolls back
         self.queued: Pass | None = None  # a pass queued behind the last one, not read yet
         self.wasted = 0  # queued passes never read: every row had left (as mlx-lm's last step)
+        self.sharing = Sharing(prefill_chunk)  # rows take the prompt entries others computed
         self.counters = BatchCounters()  # mlx-lm's: prompt and decode tokens, steps and seconds
 
     @property
@@ -138,7 +140,7 @@ class Batch:
             raise ValueError(f"key {key!r} is already in the batch")
         seq.start(self.rollback)
         cache = prompt_cache if prompt_cache is not None else make_prompt_cache(self.model)
-        self.waiting.append(Row(key, seq, cache, prefilled=cached, keep_cache=keep_cache))
+        self.waiting.append(Row(key, seq, cache, prefilled=cached, start=cached, keep_cache=keep_cache))
 
     def cancel(self, key: Hashable) -> bool:
         """Drop a sequence, waiting or active; whether it was there. The others go on unchanged.
@@ -169,7 +171,8 @@ class Batch:
     def _prefill(self) -> list[Event]:
         """Prefill up to one chunk's worth of tokens: a chunk of the first waiting prompt, then
         whole prompts that fit in what is left (many short requests join in one step; a long one
-        is cut where it would be alone, so its cache holds what a single run's would)."""
+        is cut where it would be alone, so its cache holds what a single run's would). A prompt
+        first takes what another row computed for the same first tokens (share.py)."""
         for r in self.waiting:
             r.waited += 1
         events, budget, joined = [], self.prefill_chunk, []
@@ -179,6 +182,7 @@ class Batch:
             # starved by a stream of short ones.
             row = min(self.waiting,
                       key=lambda r: len(r.seq.prompt) - r.prefilled - r.waited * self.prefill_chunk)
+            self.sharing.catch_up(row, self.waiting, self.rows, self.cache)
             left = len(row.seq.prompt) - 1 - row.prefilled
             if budget < self.prefill_chunk and left > budget:
                 break
@@ -203,10 +207,11 @@ class Batch:
             self.rows.append(row)
             joined.append(row)
             events.append((row.key, row.seq.prefilled()))
-        if joined:  # all at once: rows appended to the cache cost one copy
-            places = self.cache.add([r.cache for r in joined], [r.prefilled for r in joined])
-            for row, place in zip(joined, places):
-                row.cache, row.place = None, place
+        # All at once: rows appended to the cache cost one copy.
+        places = self.cache.add([r.cache for r in joined], [r.prefilled for r in joined]) if joined else []
+        self.sharing.joined(joined, self.waiting)
+        for row, place in zip(joined, places):
+            row.cache, row.place = None, place
         return events
 
     def _decode(self) -> list[Event]:

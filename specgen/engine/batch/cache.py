@@ -79,6 +79,12 @@ class RaggedBatch:
         return [c for c in self.layers if isinstance(c, RowStates)]
 
     @property
+    def prefixes(self) -> bool:
+        """Whether `row_cache` gives any prefix of a row (KV layers only: a window forgets its
+        oldest entries, a state cannot go back)."""
+        return bool(self.layers) and all(isinstance(c, RaggedKVCache) and c.window is None for c in self.layers)
+
+    @property
     def _kv(self) -> list[RaggedKVCache]:
         return [c for c in self.layers if isinstance(c, RaggedKVCache)]
 

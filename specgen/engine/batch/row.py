@@ -5,7 +5,10 @@ waits to be prefilled, then at a row of the batch's ragged cache."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Hashable
+
+import numpy as np
 
 from specgen.engine.decode.sequence import Sequence
 
@@ -19,9 +22,15 @@ class Row:
     cache: list | None = None  # its own cache until it joins the batch
     place: int = 0  # its row of the batch's cache once it joins
     prefilled: int = 0  # prompt tokens in `cache`
+    start: int = 0  # prompt tokens its cache held when it came (share.py: its chunks start there)
     keep_cache: bool = False  # copy its cache out when it leaves the batch (Batch.kept)
     waited: int = 0  # steps it has waited to be prefilled
     own_cost: object = field(init=False)  # an adaptive drafter's own cost, alone (cost/batch.py)
 
     def __post_init__(self):
         self.own_cost = getattr(self.seq.drafter, "cost", None)
+
+    @cached_property
+    def ids(self) -> np.ndarray:
+        """Its prompt as an array (share.py compares prompts by it)."""
+        return np.asarray(self.seq.prompt)

@@ -1,0 +1,86 @@
+"""Prefix sharing: a prompt's prefill is paid once where rows share its first tokens (an agent's
+system prompt and tools, a prompt file's common instructions, one prompt sampled n times).
+
+A waiting row about to prefill takes the entries another row already computed for the same
+tokens, then prefills only the rest. Only entries computed in the same chunks as the row's own are
+taken: both rows started at the same point (`Row.start`) and the entries end where a chunk of both
+ends (a multiple of the chunk past the start, or the whole prompt where both prompts are that
+long). Each is then bit for bit what the row's own prefill would have computed, so a row's output
+is the same as without sharing: only faster.
+
+Entries come from a waiting row's own cache (copied, then cut back where its layers allow), from
+the own cache a row had when it joined, kept (`parked`) only while a waiting row gains from it
+most (a full batch may make that row wait until the other has left), or from an active row of the
+batch cache where it holds only KV layers (a window forgets its oldest entries, a state cannot go
+back).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import numpy as np
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+from specgen.engine.batch.cache import RaggedBatch
+from specgen.engine.batch.row import Row
+
+
+def shared_end(row: Row, donor: Row, chunk: int) -> int:
+    """How far into its prompt `row`'s cache may hold `donor`'s entries: the furthest end of a
+    chunk of both that their prompts agree up to and `donor` has computed (row.prefilled if none
+    is further)."""
+    if donor.start != row.start or donor.prefilled <= row.prefilled:
+        return row.prefilled
+    end, theirs = len(row.seq.prompt) - 1, len(donor.seq.prompt) - 1  # the last token is not prefilled
+    held = min(donor.prefilled, end)
+    differ = np.flatnonzero(row.ids[:held] != donor.ids[:held])
+    agree = int(differ[0]) if len(differ) else held
+    if agree == end == theirs:  # the same whole prompt: its last chunk is the same as well
+        upto = end
+    else:
+        upto = row.start + (agree - row.start) // chunk * chunk
+    if upto <= row.prefilled or (donor.cache is not None and upto != donor.prefilled
+                                 and not can_trim_prompt_cache(donor.cache)):
+        return row.prefilled  # (a window or state of its own cache cannot be cut back)
+    return upto
+
+
+class Sharing:
+    """Where a batch's waiting rows take entries from; `chunk`: the batch's prefill chunk."""
+
+    def __init__(self, chunk: int):
+        self.chunk = chunk
+        self.parked: list[Row] = []  # copies of joined rows, each with the cache it joined with
+        self.tokens = 0  # prompt tokens rows took, not prefilled
+
+    def catch_up(self, row: Row, waiting: Sequence[Row], active: Sequence[Row], batch: RaggedBatch) -> None:
+        """Give `row` (waiting, with a cache of its own) the furthest entries another row computed
+        for it."""
+        donors = [*waiting, *self.parked, *(active if batch.prefixes else ())]
+        best, upto = None, row.prefilled
+        for donor in donors:
+            if donor is not row and (end := shared_end(row, donor, self.chunk)) > upto:
+                best, upto = donor, end
+        if best is not None:
+            self.tokens += upto - row.prefilled
+            row.cache, row.prefilled = _entries(best, upto, batch), upto
+
+    def joined(self, rows: Sequence[Row], waiting: Sequence[Row]) -> None:
+        """`rows` are joining the batch (their own caches still set): keep each some waiting row
+        gains most from (it may leave the batch before that row has a place); drop what none does."""
+        self.parked += [copy.copy(r) for r in rows]
+        best = [max(self.parked, key=lambda d: shared_end(w, d, self.chunk), default=None) for w in waiting]
+        self.parked = [d for d in self.parked
+                       if any(d is b and shared_end(w, d, self.chunk) > w.prefilled for w, b in zip(waiting, best))]
+
+
+def _entries(donor: Row, upto: int, batch: RaggedBatch) -> list:
+    """A single-sequence cache of `donor`'s first `upto` prompt entries (`shared_end` says where
+    its layers can give them)."""
+    if donor.cache is not None:  # its own cache (waiting, joining or parked), cut back if need be
+        cache = copy.deepcopy(donor.cache)
+        trim_prompt_cache(cache, donor.prefilled - upto)
+        return cache
+    return batch.row_cache(donor.place, upto)
