@@ -38,6 +38,7 @@ class Prefilled:
 
     prompt_tokens: int
     speculation: Speculation
+    shared: int = 0  # prompt tokens taken from another sequence's cache in a batch, not prefilled
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,8 @@ class RunStats:
     counts: Counts = field(default_factory=Counts)
     near_ties: int = 0  # verify rows recomputed one position at a time (see engine/decode/sampling.py)
     stop_reason: str | None = None
-    cached_tokens: int = 0  # prompt tokens a prompt cache already held (not prefilled)
+    cached_tokens: int = 0  # prompt tokens not prefilled: a prompt cache held them, or a batch row's
+    # cache (engine/batch/share.py)
     prediction_drafted: int = 0  # drafted tokens that came from the caller's prediction
     prediction_accepted: int = 0  # ...and were accepted
     prediction_ids: list[int] = field(default_factory=list, repr=False)  # the caller's prediction
@@ -102,6 +103,7 @@ class RunStats:
         now = time.perf_counter()
         if isinstance(event, Prefilled):
             self.prompt_tokens = event.prompt_tokens
+            self.cached_tokens += event.shared
             self.speculation = event.speculation
             self.prefill_s = now - self._start
             self._decode_start = now

@@ -206,7 +206,7 @@ class Batch:
             self.waiting.remove(row)
             self.rows.append(row)
             joined.append(row)
-            events.append((row.key, row.seq.prefilled()))
+            events.append((row.key, row.seq.prefilled(row.shared)))
         # All at once: rows appended to the cache cost one copy.
         places = self.cache.add([r.cache for r in joined], [r.prefilled for r in joined]) if joined else []
         self.sharing.joined(joined, self.waiting)

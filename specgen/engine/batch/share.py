@@ -65,6 +65,7 @@ class Sharing:
                 best, upto = donor, end
         if best is not None:
             self.tokens += upto - row.prefilled
+            row.shared += upto - row.prefilled
             row.cache, row.prefilled = _entries(best, upto, batch), upto
 
     def joined(self, rows: Sequence[Row], waiting: Sequence[Row]) -> None:

@@ -125,11 +125,12 @@ class Sequence:
         lazily and nothing must see the last token first (a grammar's mask, mlx-lm's sampler)."""
         return self.constraint is None and not isinstance(self.selector, MlxLmSampling)
 
-    def prefilled(self) -> Prefilled:
-        """Its prompt is in the cache: the drafter reads what it has not, and the event says so."""
+    def prefilled(self, shared: int = 0) -> Prefilled:
+        """Its prompt is in the cache: the drafter reads what it has not, and the event says so
+        (`shared`: tokens a batch took from another row's cache)."""
         if self.speculation.on:
             self.drafter.feed(self.prompt[self.drafter_fed:])
-        return Prefilled(len(self.prompt), self.speculation)
+        return Prefilled(len(self.prompt), self.speculation, shared)
 
     def room(self, most: int | None = None, pos: int | None = None) -> int:
         """The most tokens a step at `pos` (default: the next) may draft, at most `most`."""

@@ -121,6 +121,25 @@ def test_a_client_that_leaves_leaves_its_rows_cache_for_the_next_request(paced_e
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
 
 
+def test_a_request_like_one_decoding_takes_its_prompt_and_answers_as_alone(demo_engine, paced_engine):
+    # No prompt cache: only the running row can hold the prompt (engine/batch/share.py).
+    messages = [{"role": "user", "content": PROMPTS[4]}]
+    later = dict(model="demo", messages=messages, max_tokens=12, temperature=0.8, seed=7)
+    with running(demo_engine, max_batch=1, prompt_cache_bytes=0) as (url, _):
+        alone = client(url).chat.completions.create(**later)
+    with running(paced_engine, max_batch=4, prompt_cache_bytes=0) as (url, worker):
+        assert isinstance(worker, BatchWorker)
+        body = {"model": "demo", "messages": messages, "max_tokens": 400, "stream": True}
+        with httpx.Client(timeout=30) as h, h.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            for _ in range(4):  # it decodes
+                next(lines)
+            together = client(url, timeout=30).chat.completions.create(**later)
+    assert together.choices[0].message.content == alone.choices[0].message.content
+    assert alone.usage.prompt_tokens_details.cached_tokens == 0
+    assert together.usage.prompt_tokens_details.cached_tokens == together.usage.prompt_tokens - 1
+
+
 def once_failing(method, error: Exception):
     """`method`, but raising `error` the first time it is called."""
     calls = []
