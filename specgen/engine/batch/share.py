@@ -58,7 +58,8 @@ class Sharing:
     def catch_up(self, row: Row, waiting: Sequence[Row], active: Sequence[Row], batch: RaggedBatch) -> None:
         """Give `row` (waiting, with a cache of its own) the furthest entries another row computed
         for it."""
-        donors = [*waiting, *self.parked, *(active if batch.prefixes else ())]
+        # (An active row joining this step still has its own cache; the batch's, only KV layers.)
+        donors = [*waiting, *self.parked, *(r for r in active if r.cache is not None or batch.prefixes)]
         best, upto = None, row.prefilled
         for donor in donors:
             if donor is not row and (end := shared_end(row, donor, self.chunk)) > upto:

@@ -10,7 +10,8 @@ from test_batch_kinds import KINDS, steered
 
 from specgen.draft.drafter import make_drafter
 from specgen.engine.batch.batch import Batch
-from specgen.events import Step
+from specgen.engine.decode.sampling import make_selector
+from specgen.events import Prefilled, Step
 
 CHUNK = 16
 HEAD = [30 + (7 * i) % 50 for i in range(40)]  # two prompts share these 40 tokens: 32 in whole chunks
@@ -89,3 +90,14 @@ def test_a_row_arriving_later_takes_the_prefix_from_an_active_row():
     out, kept, batch = run(model, prompts, {"a": 0, "b": 6}, max_rows=2)  # b comes as a decodes
     assert_same((out, kept), expected)
     assert batch.sharing.tokens == 2 * CHUNK
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_next"])
+def test_one_prompt_sampled_n_times_is_prefilled_once_in_its_first_step(arch):
+    model = model_of(arch)
+    prompt = CYCLE[:6]
+    batch = Batch(model, max_rows=4, prefill_chunk=CHUNK)
+    for seed in range(3):
+        batch.add(seed, prompt, selector=make_selector(0.8, seed=seed), max_tokens=8)
+    joined = [e for _, e in batch.step() if isinstance(e, Prefilled)]
+    assert [e.shared for e in joined] == [0, 5, 5] and batch.counters.prompt_tokens == 5
