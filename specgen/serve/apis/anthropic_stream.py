@@ -55,6 +55,7 @@ class MessageBuilder:
             return (self._text("thinking", piece.reasoning) + self._text("text", piece.content)
                     + [e for call in piece.tool_calls for e in self._tool_use(call)])
         self.done = piece
+        self.cached = piece.stats.cached_tokens  # with what it took from a request beside it, once prefilled
         delta = {"stop_reason": self._stop_reason(), "stop_sequence": piece.stop_sequence}
         # specgen's counts ride on message_delta as on the whole body's message (clients ignore them)
         final = {"type": "message_delta", "delta": delta, "usage": self._usage(), "specgen": specgen_stats(piece.stats)}

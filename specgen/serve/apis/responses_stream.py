@@ -65,6 +65,7 @@ class ResponseBuilder:
                 events += self._call(call)
             return events
         self.done = piece
+        self.cached = piece.stats.cached_tokens  # with what it took from a request beside it, once prefilled
         self.status = "incomplete" if piece.finish == "length" else "completed"
         return self._close() + [self._event(f"response.{self.status}", response=self._response())]
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import openai
 import pytest
-from servers import CANCELLED, client, health, leave_mid_stream, running, settled
+from servers import CANCELLED, anthropic_client, client, health, leave_mid_stream, running, settled
 
 from specgen.serve.generation.batch_worker import BatchWorker
 
@@ -121,12 +121,27 @@ def test_a_client_that_leaves_leaves_its_rows_cache_for_the_next_request(paced_e
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
 
 
-def test_a_request_like_one_decoding_takes_its_prompt_and_answers_as_alone(demo_engine, paced_engine):
+def later(url: str, api: str, messages: list[dict]) -> tuple[str, int, int]:
+    """A 12-token greedy answer (the server's default) through `api`'s official client: (text,
+    prompt tokens, cached)."""
+    if api == "chat":
+        r = client(url, timeout=30).chat.completions.create(model="demo", messages=messages, max_tokens=12,
+                                                            temperature=0)
+        return r.choices[0].message.content, r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens
+    if api == "messages":
+        r = anthropic_client(url, timeout=30).messages.create(model="demo", messages=messages, max_tokens=12)
+        cached = r.usage.cache_read_input_tokens
+        return r.content[0].text, r.usage.input_tokens + cached, cached
+    r = client(url, timeout=30).responses.create(model="demo", input=messages, max_output_tokens=12, temperature=0)
+    return r.output_text, r.usage.input_tokens, r.usage.input_tokens_details.cached_tokens
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_a_request_like_one_decoding_takes_its_prompt_and_answers_as_alone(demo_engine, paced_engine, api):
     # No prompt cache: only the running row can hold the prompt (engine/batch/share.py).
     messages = [{"role": "user", "content": PROMPTS[4]}]
-    later = dict(model="demo", messages=messages, max_tokens=12, temperature=0.8, seed=7)
     with running(demo_engine, max_batch=1, prompt_cache_bytes=0) as (url, _):
-        alone = client(url).chat.completions.create(**later)
+        alone = later(url, api, messages)
     with running(paced_engine, max_batch=4, prompt_cache_bytes=0) as (url, worker):
         assert isinstance(worker, BatchWorker)
         body = {"model": "demo", "messages": messages, "max_tokens": 400, "stream": True}
@@ -134,10 +149,9 @@ def test_a_request_like_one_decoding_takes_its_prompt_and_answers_as_alone(demo_
             lines = r.iter_lines()
             for _ in range(4):  # it decodes
                 next(lines)
-            together = client(url, timeout=30).chat.completions.create(**later)
-    assert together.choices[0].message.content == alone.choices[0].message.content
-    assert alone.usage.prompt_tokens_details.cached_tokens == 0
-    assert together.usage.prompt_tokens_details.cached_tokens == together.usage.prompt_tokens - 1
+            together = later(url, api, messages)
+    text, prompt_tokens, cached = together
+    assert text == alone[0] and alone[2] == 0 and cached == prompt_tokens - 1 == alone[1] - 1
 
 
 def once_failing(method, error: Exception):
