@@ -201,6 +201,8 @@ class Batch:
                 self.counters.prompt_tokens += n
                 row.prefilled += n
                 budget -= n
+                if row.prefilled < len(row.seq.prompt) - 1:
+                    self.sharing.advanced(row, self.waiting)
             if row.prefilled < len(row.seq.prompt) - 1:
                 break
             self.waiting.remove(row)

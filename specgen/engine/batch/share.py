@@ -12,7 +12,9 @@ Entries come from a waiting row's own cache (copied, then cut back where its lay
 the own cache a row had when it joined, kept (`parked`) only while a waiting row gains from it
 most (a full batch may make that row wait until the other has left), or from an active row of the
 batch cache where it holds only KV layers (a window forgets its oldest entries, a state cannot go
-back).
+back). Where a row's cache cannot be cut back, a copy of it at the end of a chunk is parked too,
+while a waiting row gains most from it: the prefix two prompts share ends mid-chunk, before the
+row that computed it goes on past.
 """
 
 from __future__ import annotations
@@ -73,6 +75,22 @@ class Sharing:
         """`rows` are joining the batch (their own caches still set): keep each some waiting row
         gains most from (it may leave the batch before that row has a place); drop what none does."""
         self.parked += [copy.copy(r) for r in rows]
+        self._keep(waiting)
+
+    def advanced(self, row: Row, waiting: Sequence[Row]) -> None:
+        """`row` (waiting) prefilled another chunk. Where its cache cannot be cut back (a window
+        that has wrapped, a state), keep a copy as it is now if a waiting row gains most from it:
+        once `row` goes on, what it holds now is gone."""
+        if can_trim_prompt_cache(row.cache):
+            return
+        now = copy.copy(row)
+        self.parked.append(now)
+        self._keep(waiting)
+        if any(d is now for d in self.parked):
+            now.cache = copy.deepcopy(row.cache)
+
+    def _keep(self, waiting: Sequence[Row]) -> None:
+        """Drop every parked row but those some waiting row gains most from (the first of equals)."""
         best = [max(self.parked, key=lambda d: shared_end(w, d, self.chunk), default=None) for w in waiting]
         self.parked = [d for d in self.parked
                        if any(d is b and shared_end(w, d, self.chunk) > w.prefilled for w, b in zip(waiting, best))]

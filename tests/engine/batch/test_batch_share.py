@@ -60,12 +60,11 @@ def test_rows_sharing_a_prefix_emit_and_keep_bit_for_bit_what_they_do_alone(arch
     expected = alone(model, PROMPTS)
     out, kept, batch = run(model, PROMPTS, dict.fromkeys(PROMPTS, 0))
     assert_same((out, kept), expected)
-    whole = len(PROMPTS["c"]) - 1  # the same prompt twice: the second prefills nothing
-    if arch == "llama":  # a KV cache is cut back anywhere: the two whole chunks a and b share, too
-        assert batch.sharing.tokens == whole + 2 * CHUNK
-        assert batch.counters.prompt_tokens == sum(len(p) - 1 for p in PROMPTS.values()) - batch.sharing.tokens
-    else:  # a window or a state gives only what it holds at its end
-        assert batch.sharing.tokens >= whole
+    # The same prompt twice: the second prefills nothing; a and b share two whole chunks (a window
+    # or a state, which cannot be cut back, gives them from a copy made at that chunk's end).
+    whole = len(PROMPTS["c"]) - 1
+    assert batch.sharing.tokens == whole + 2 * CHUNK
+    assert batch.counters.prompt_tokens == sum(len(p) - 1 for p in PROMPTS.values()) - batch.sharing.tokens
     assert not batch.sharing.parked  # nothing is kept once no row waits
 
 
@@ -77,9 +76,9 @@ def test_a_row_waiting_for_a_place_takes_the_prefix_of_one_that_has_left(arch):
     out, kept, batch = run(model, prompts, dict.fromkeys(prompts, 0), max_rows=1)  # one at a time
     assert_same((out, kept), expected)
     whole = len(PROMPTS["c"]) - 1
-    # A KV cache is cut back to the two whole chunks a, b and g share (each of two takes them from
-    # the first's); a state gives only the whole prompt.
-    assert batch.sharing.tokens == (whole + 2 * 2 * CHUNK if arch == "llama" else whole)
+    # The two whole chunks a, b and g share, each of two takes from the first's (a state's, from
+    # the copy made at that chunk's end).
+    assert batch.sharing.tokens == whole + 2 * 2 * CHUNK
     assert not batch.sharing.parked
 
 
