@@ -91,9 +91,12 @@ class Sharing:
 
     def _keep(self, waiting: Sequence[Row]) -> None:
         """Drop every parked row but those some waiting row gains most from (the first of equals)."""
-        best = [max(self.parked, key=lambda d: shared_end(w, d, self.chunk), default=None) for w in waiting]
-        self.parked = [d for d in self.parked
-                       if any(d is b and shared_end(w, d, self.chunk) > w.prefilled for w, b in zip(waiting, best))]
+        kept = set()
+        for w in waiting:
+            gains = [shared_end(w, d, self.chunk) for d in self.parked]
+            if gains and max(gains) > w.prefilled:
+                kept.add(gains.index(max(gains)))
+        self.parked = [d for i, d in enumerate(self.parked) if i in kept]
 
 
 def _entries(donor: Row, upto: int, batch: RaggedBatch) -> list:
