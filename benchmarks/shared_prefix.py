@@ -73,8 +73,8 @@ def in_process(model_dir: str, args) -> dict:
 
 def served(model_dir: str, args) -> dict:
     """Each round's prompts sent at once to each server (its own port), alternating."""
-    from transformers import AutoTokenizer
     import openai
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     doc = tokenizer.decode(tokenizer.encode((ROOT / "docs" / "design.md").read_text())[: args.doc_tokens])
