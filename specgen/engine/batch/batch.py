@@ -38,6 +38,7 @@ from mlx_lm.generate_utils import BatchCounters
 from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
+from specgen.engine.batch.attend import install
 from specgen.engine.batch.cache import RaggedBatch
 from specgen.engine.batch.probe import probe
 from specgen.engine.batch.row import Row
@@ -104,6 +105,7 @@ class Batch:
 
     def __init__(self, model, *, max_rows: int = defaults.MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
                  pricing: Pricing | None = None):
+        install(model)  # attention by runs of rows (attend.py)
         probed = probe(model)  # once per model, not per batch
         if probed.why:
             raise InputError(f"this model cannot run in a batch: {probed.why}")

@@ -42,6 +42,11 @@ class RaggedKVCache:
         self.values[..., start : start + width, :] = values
         return self.keys[..., : start + width, :], self.values[..., : start + width, :]
 
+    @property
+    def runs(self):
+        """The step's runs of rows (attend.py); a window's buffer is cut to what windows reach."""
+        return self.slots.runs if self.window is None else None
+
     def make_mask(self, n: int, return_array: bool = False, window_size=None):
         window = window_size or self.window
         return self.slots.mask if window is None else self.slots.window_mask(window, self.base)

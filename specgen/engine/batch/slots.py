@@ -9,6 +9,8 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
+from specgen.engine.batch.attend import Run, runs
+
 
 class Slots:
     """Which buffer slots each row holds, each row's length, and the current step's masks."""
@@ -23,6 +25,7 @@ class Slots:
         self.widths: mx.array | None = None
         self._step = np.zeros((0, 0, 0), dtype=bool)  # the step's mask, (rows, T, end + T)
         self._windows: dict[tuple[int, int], mx.array] = {}
+        self.runs: list[Run] | None = None  # the step's runs of rows for attention (attend.py)
 
     @property
     def end(self) -> int:
@@ -39,6 +42,9 @@ class Slots:
         self.offset = mx.array(self.lengths, mx.int32)
         self.widths = None if min(widths) == width else mx.array(widths, mx.int32)
         self._windows = {}
+        firsts = np.where(self.held.any(axis=1), self.held.argmax(axis=1), self.end) if self.end else \
+            np.zeros(len(widths), dtype=np.int64)
+        self.runs = runs(firsts, self.end + width)
 
     def window_mask(self, window: int, base: int = 0) -> mx.array:
         """This step's mask for a layer that sees the last `window` positions (the query's own
@@ -59,5 +65,5 @@ class Slots:
         new = np.arange(width)[None, :] < np.asarray(kept)[:, None]
         self.held = np.concatenate([self.held, new], axis=1)
         self.lengths = [n + k for n, k in zip(self.lengths, kept)]
-        self.mask = self.widths = None
+        self.mask = self.widths = self.runs = None
         self._windows = {}

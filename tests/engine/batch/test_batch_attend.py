@@ -1,0 +1,55 @@
+"""Attention by runs of rows (engine/batch/attend.py): a short row batched with a long one attends
+over its own slots, not the long one's span, and every row still emits what it emits alone."""
+
+import numpy as np
+import pytest
+from conftest import plain_tokens, run, tiny_model
+from mlx_lm.models import base
+
+from specgen.draft.drafter import make_drafter
+from specgen.engine.batch.attend import GROUP, Run, runs
+from specgen.engine.batch.batch import Batch
+from specgen.events import Step
+
+
+@pytest.mark.parametrize("firsts, keys, expected", [
+    ([0, 0, 0], 300, [Run(0, 3, 0)]),  # nothing to skip
+    ([40, 100, 100], 300, [Run(0, 3, 40)]),  # slots no row holds any more are skipped, in one call
+    ([0, 5000, 5000, 5000], 6001, [Run(0, 1, 0), Run(1, 4, 5000)]),
+    ([5000, 0, 5000, 6000], 6001, [Run(0, 1, 5000), Run(1, 2, 0), Run(2, 4, 5000)]),
+    # A cut is made where it saves more row-slots than a call's worth, not where it saves as many.
+    ([0, GROUP // 2, GROUP // 2], 5000, [Run(0, 3, 0)]),
+    ([0, GROUP // 2 + 1, GROUP // 2 + 1], 5000, [Run(0, 1, 0), Run(1, 3, GROUP // 2 + 1)]),
+])
+def test_rows_are_cut_into_runs_only_where_a_cut_saves_more_than_a_call(firsts, keys, expected):
+    assert runs(np.array(firsts), keys) == expected
+
+
+def test_a_short_row_attends_over_its_own_slots_beside_a_long_one_and_emits_what_it_emits_alone(monkeypatch):
+    model = tiny_model("llama")
+    long = [int(t) for t in np.random.default_rng(0).integers(3, 500, 2600)]
+    shorts = [[7, 8, 9, 10, 11], [20, 21, 22]]
+    rows = [long, *shorts]
+    batch = Batch(model, max_rows=3, prefill_chunk=4096)  # makes the model's layers attend by runs
+    alone = [run(model, p, drafter=make_drafter(None), max_tokens=12)[0] for p in rows]
+    assert alone[1] == plain_tokens(model, shorts[0], 12)  # a single sequence attends as before
+    widths = []  # the keys each attention call reads, as (rows, slots)
+    plain = base.scaled_dot_product_attention
+
+    def counted(queries, keys, values, cache, scale, mask, sinks=None):
+        widths.append((keys.shape[0], keys.shape[2]))
+        return plain(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    monkeypatch.setattr(base, "scaled_dot_product_attention", counted)
+    for i, p in enumerate(rows):
+        batch.add(i, p, drafter=make_drafter(None), max_tokens=12)
+    got = {i: [] for i in range(len(rows))}
+    while batch.busy:
+        for key, event in batch.step():
+            if isinstance(event, Step):
+                got[key] += event.tokens
+    assert [got[i] for i in range(len(rows))] == alone
+    batched = [(n, s) for n, s in widths if n > 1 or s < 100]  # not a row's own prefill
+    assert batched and all(s < 100 for n, s in batched)  # the two short rows, never the long span
+    assert any(n == 1 and s > 2600 for n, s in widths[-20:])  # the long row, in a run of its own
+
