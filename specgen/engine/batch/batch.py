@@ -259,7 +259,7 @@ class Batch:
     def _launch(self) -> Pass:
         """This step's pass, read before the next is built: every row's last token (after any
         accepted ones a restored state took back) and its draft."""
-        drafts = step_drafts(self.rows, self.pricing, self.cache.rows, self.cache.slots.end)
+        drafts = step_drafts(self.rows, self.pricing, self.cache.rows, self.cache.slots.reach())
         fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
         for r, d in zip(self.rows, drafts):
             fed[r.place] = [*r.seq.history[self.cache.slots.lengths[r.place]:], *d]
@@ -294,7 +294,7 @@ class Batch:
                 or not all(r.seq.queues for r in self.rows)):
             return None
         count = self.cache.rows
-        more = behind_drafts(cur.rows, cur.drafts, self.pricing, count, self.cache.slots.end)
+        more = behind_drafts(cur.rows, cur.drafts, self.pricing, count, self.cache.slots.reach())
         if more is None:
             return None
         width = 1 + max(map(len, more))

@@ -42,9 +42,21 @@ class Slots:
         self.offset = mx.array(self.lengths, mx.int32)
         self.widths = None if min(widths) == width else mx.array(widths, mx.int32)
         self._windows = {}
-        firsts = np.where(self.held.any(axis=1), self.held.argmax(axis=1), self.end) if self.end else \
-            np.zeros(len(widths), dtype=np.int64)
-        self.runs = runs(firsts, self.end + width)
+        self.runs = runs(self._firsts(), self.end + width)
+
+    def _firsts(self) -> np.ndarray:
+        """Each row's oldest held slot (`end` where it holds none)."""
+        if not self.end:
+            return np.zeros(len(self.lengths), dtype=np.int64)
+        return np.where(self.held.any(axis=1), self.held.argmax(axis=1), self.end)
+
+    def reach(self) -> int:
+        """The slots a row's attention reads in a step of one position, on average over the rows,
+        as `runs` cuts them: what the step costs as the batched grid timed it (rows of one length)."""
+        keys, rows = self.end + 1, len(self.lengths)
+        if not rows:
+            return 0
+        return -(-sum((r.stop - r.start) * (keys - r.first) for r in runs(self._firsts(), keys)) // rows)
 
     def window_mask(self, window: int, base: int = 0) -> mx.array:
         """This step's mask for a layer that sees the last `window` positions (the query's own

@@ -9,6 +9,7 @@ from mlx_lm.models import base
 from specgen.draft.drafter import make_drafter
 from specgen.engine.batch.attend import GROUP, Run, runs
 from specgen.engine.batch.batch import Batch
+from specgen.engine.batch.slots import Slots
 from specgen.events import Step
 
 
@@ -53,3 +54,14 @@ def test_a_short_row_attends_over_its_own_slots_beside_a_long_one_and_emits_what
     assert batched and all(s < 100 for n, s in batched)  # the two short rows, never the long span
     assert any(n == 1 and s > 2600 for n, s in widths[-20:])  # the long row, in a run of its own
 
+
+
+def test_a_step_is_priced_by_the_slots_its_runs_read():
+    slots = Slots()
+    slots.held = np.zeros((3, 6000), dtype=bool)
+    slots.held[0] = True  # a long row, and two that hold the last 1,000 slots
+    slots.held[1:, 5000:] = True
+    slots.lengths = [6000, 1000, 1000]
+    assert slots.reach() == -(-(6001 + 2 * 1001) // 3)  # not the buffer's 6,001 a row
+    slots.held[1:, GROUP // 2:] = True  # a cut would save a call's worth, no more: one run
+    assert slots.reach() == 6001
