@@ -7,8 +7,8 @@
 #   [SETS="..."] [TRACES=2] [REPEATS=2] [BUDGET=420] bash benchmarks/gpu.sh
 # On an H200 a set takes ~100 s at these defaults, ~190 s at 3 traces and 3 rounds, plus ~60 s to
 # start: the defaults fit the three sets in one run with room to run again in 15 minutes.
-# Writes $OUT/log, $OUT/gpu.jsonl and the calibrations specgen measured there (the curve and the
-# batched-step grid), which decide whether and how far it drafts.
+# Writes $OUT/log, $OUT/gpu.jsonl, $OUT/attention_runs.jsonl and the calibrations specgen measured
+# there (the curve and the batched-step grid), which decide whether and how far it drafts.
 set -o pipefail
 if [ "$1" = prepare ]; then
   set -e
@@ -38,4 +38,7 @@ export PYTHONUNBUFFERED=1 SPECGEN_CACHE_DIR=$OUT/cache
 timeout "${BUDGET:-420}" python3 benchmarks/accelerator.py --shape "$SHAPE" --dtype "$DTYPE" \
   --traces "${TRACES:-2}" --max-tokens 128 --repeats "${REPEATS:-2}" --batch 4 --json "$OUT/gpu.jsonl" \
   --sets ${SETS:-chat_llama2_7b code_edit_qwen25coder_7b code_fix_python} 2>&1 | tee -a "$OUT/log"
+# What an attention call and a row-slot cost there (design.md "Attention by runs of rows": GROUP).
+timeout 90 python3 benchmarks/attention_runs.py --shape "$SHAPE" --dtype "$DTYPE" --rows 2 8 --slots 8192 \
+  2>&1 | tee -a "$OUT/log" | grep '^{' > "$OUT/attention_runs.jsonl"
 cp "$OUT"/cache/*calibration.json "$OUT/" 2>/dev/null; rm -rf "$OUT/cache"

@@ -1,15 +1,16 @@
 """A long conversation and short ones at once (an agent's session beside title and summary
-requests): `specgen.batch_generate` against `mlx_lm.batch_generate` on the same loaded model (or,
-with --served, concurrent clients of `specgen serve` against `mlx_lm.server`), alternating.
+requests): `specgen.batch_generate` against `mlx_lm.batch_generate` on the same loaded model,
+alternating. (Served, the short requests are prefilled first and mostly answered while the long
+one's prefill chunks run: the decoding that attention by runs speeds up is timed here.)
 
 One prompt is a long document (docs/design.md's opening, cut to --doc-tokens) with a question;
 the others are short questions of their own. Every round asks new questions and opens the
-document with the round's number, so no drafter or prompt cache has seen them. In process, each
+document with the round's number, so no drafter or prompt cache has seen them. Each
 side's decoding seconds (its BatchStats) are timed apart from prefill: the short rows' steps read
 only their own keys in specgen (engine/batch/attend.py), every row's in a padded batch. Prints
 one JSON line: median speedups (min-max), whole and decoding, and whether every text is identical.
 
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/mixed_lengths.py [--served]
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/mixed_lengths.py
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from concurrency import SERVERS, at_once  # noqa: E402  (the concurrency benchmark's clients)
-from serve import ROOT, float32_model, start  # noqa: E402
+from concurrency import SERVERS  # noqa: E402
+from serve import ROOT, float32_model  # noqa: E402
 from shared_prefix import questions, summary  # noqa: E402
 
 
@@ -69,37 +70,9 @@ def in_process(model_dir: str, args) -> dict:
             "mlx_lm_decode_s": round(statistics.median(decode["mlx_lm"]), 2)}
 
 
-def served(model_dir: str, args) -> dict:
-    """Each round's prompts sent at once to each server (its own port), alternating."""
-    import openai
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    servers = {k: start(k, model_dir, Path(f"/tmp/bench-mixed-lengths-{k}.log")) for k in SERVERS}
-    try:
-        clients = {k: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=1800)
-                   for k, (_, url) in servers.items()}
-        for c in clients.values():  # kernels, and the batched steps' costs
-            at_once(c, [[{"role": "user", "content": "Hello"}], [{"role": "user", "content": "Hi"}]], 8)
-        times, texts = {k: [] for k in SERVERS}, {k: [] for k in SERVERS}
-        for r, asked in enumerate(questions(args.rounds, args.prompts)):
-            prompts = conversations(document(tokenizer, r, args.doc_tokens), asked)
-            for side in (SERVERS if r % 2 == 0 else SERVERS[::-1]):
-                got = at_once(clients[side], prompts, args.max_tokens)
-                times[side].append(max(g["end"] for g in got) - min(g["start"] for g in got))
-                texts[side] += [g["text"] for g in got]
-                print(f"round {r} {side}: {times[side][-1]:.1f} s", file=sys.stderr, flush=True)
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(30)
-    return {"set": "mixed lengths, served", **summary(times, texts)}
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a model folder (default: the shared SmolLM2 in float32)")
-    ap.add_argument("--served", action="store_true", help="through specgen serve and mlx_lm.server")
     ap.add_argument("--prompts", type=int, default=4, help="the long one and the short ones")
     ap.add_argument("--doc-tokens", type=int, default=3000)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -107,7 +80,7 @@ def main():
     ap.add_argument("--out", help="append the JSON line to this file")
     args = ap.parse_args()
     model_dir = args.model or float32_model()
-    row = {**(served if args.served else in_process)(model_dir, args), "prompts": args.prompts,
+    row = {**in_process(model_dir, args), "prompts": args.prompts,
            "doc_tokens": args.doc_tokens, "max_tokens": args.max_tokens}
     print(json.dumps(row))
     if args.out:
