@@ -10,6 +10,7 @@ from specgen.draft.drafter import make_drafter
 from specgen.engine.batch.attend import GROUP, Run, runs
 from specgen.engine.batch.batch import Batch
 from specgen.engine.batch.slots import Slots
+from specgen.engine.decode.sampling import make_selector
 from specgen.events import Step
 
 
@@ -26,13 +27,19 @@ def test_rows_are_cut_into_runs_only_where_a_cut_saves_more_than_a_call(firsts, 
     assert runs(np.array(firsts), keys) == expected
 
 
-def test_a_short_row_attends_over_its_own_slots_beside_a_long_one_and_emits_what_it_emits_alone(monkeypatch):
-    model = tiny_model("llama")
+# Full attention beside sliding windows (gemma3), linear attention (qwen3_next), convolutions
+# (lfm2); greedy rows and a seeded sampled one.
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_next", "lfm2"])
+def test_a_short_row_attends_over_its_own_slots_beside_a_long_one_and_emits_what_it_emits_alone(
+        arch, monkeypatch):
+    model = tiny_model(arch)
     long = [int(t) for t in np.random.default_rng(0).integers(3, 500, 2600)]
     shorts = [[7, 8, 9, 10, 11], [20, 21, 22]]
     rows = [long, *shorts]
+    selectors = [lambda: make_selector(0), lambda: make_selector(0), lambda: make_selector(0.8, seed=3)]
     batch = Batch(model, max_rows=3, prefill_chunk=4096)  # makes the model's layers attend by runs
-    alone = [run(model, p, drafter=make_drafter(None), max_tokens=12)[0] for p in rows]
+    alone = [run(model, p, drafter=make_drafter(None), max_tokens=12, selector=pick())[0]
+             for p, pick in zip(rows, selectors)]
     assert alone[1] == plain_tokens(model, shorts[0], 12)  # a single sequence attends as before
     widths = []  # the keys each attention call reads, as (rows, slots)
     plain = base.scaled_dot_product_attention
@@ -42,18 +49,19 @@ def test_a_short_row_attends_over_its_own_slots_beside_a_long_one_and_emits_what
         return plain(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     monkeypatch.setattr(base, "scaled_dot_product_attention", counted)
-    for i, p in enumerate(rows):
-        batch.add(i, p, drafter=make_drafter(None), max_tokens=12)
+    for i, (p, pick) in enumerate(zip(rows, selectors)):
+        batch.add(i, p, drafter=make_drafter(None), max_tokens=12, selector=pick())
     got = {i: [] for i in range(len(rows))}
     while batch.busy:
         for key, event in batch.step():
             if isinstance(event, Step):
                 got[key] += event.tokens
     assert [got[i] for i in range(len(rows))] == alone
-    batched = [(n, s) for n, s in widths if n > 1 or s < 100]  # not a row's own prefill
-    assert batched and all(s < 100 for n, s in batched)  # the two short rows, never the long span
-    assert any(n == 1 and s > 2600 for n, s in widths[-20:])  # the long row, in a run of its own
-
+    # No step reads the long span for every row (a window layer reads its own short buffer); the
+    # short rows attend together over their own slots, the long row alone over its span.
+    assert all(s < 2600 for n, s in widths if n == 3)
+    assert any(n == 2 and s < 100 for n, s in widths)
+    assert any(n == 1 and s > 2600 for n, s in widths[-20:])
 
 
 def test_a_step_is_priced_by_the_slots_its_runs_read():
