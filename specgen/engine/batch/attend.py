@@ -15,8 +15,8 @@ import sys
 from typing import NamedTuple
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
+from mlx import nn
 from mlx_lm.models import base
 
 GROUP = 2048  # row-slots one more attention call must save (docs/design.md, "Attention by runs")
