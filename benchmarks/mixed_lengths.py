@@ -19,7 +19,6 @@ one JSON line: median speedups (min-max), whole and decoding, and whether every 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -29,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from concurrency import SERVERS, ask, same  # noqa: E402
 from serve import ROOT, float32_model, start  # noqa: E402
-from shared_prefix import questions, summary  # noqa: E402
+from shared_prefix import emit, questions, summary  # noqa: E402
 
 
 def conversations(doc: str, asked: list[str]) -> list[list[dict]]:
@@ -161,10 +160,7 @@ def main():
     model_dir = args.model or float32_model()
     row = {**(served if args.served else in_process)(model_dir, args), "prompts": args.prompts,
            "doc_tokens": args.doc_tokens, "max_tokens": args.max_tokens}
-    print(json.dumps(row))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit(row, args.out)
 
 
 if __name__ == "__main__":

@@ -108,6 +108,14 @@ def summary(times: dict, texts: dict) -> dict:
             "of": len(texts["specgen"])}
 
 
+def emit(row: dict, out: str | None) -> None:
+    """Print the result's JSON line, and append it to `out` where given."""
+    print(json.dumps(row))
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a model folder (default: the shared SmolLM2 in float32)")
@@ -121,10 +129,7 @@ def main():
     model_dir = args.model or float32_model()
     row = {**(served if args.served else in_process)(model_dir, args), "prompts": args.prompts,
            "max_tokens": args.max_tokens}
-    print(json.dumps(row))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit(row, args.out)
 
 
 if __name__ == "__main__":
