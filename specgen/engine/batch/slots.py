@@ -1,6 +1,7 @@
 """Which buffer slots each row of a ragged batch (cache.py) holds, each row's length, and a
 step's masks: a slot held by that row AND causal by buffer index, and for a sliding-window layer
-also within the window by the row's own positions. Shared by every layer of the batch."""
+also within the window by the row's own positions; and the step's runs of rows, each attending
+over the slots its rows hold (attend.py). Shared by every layer of the batch."""
 
 from __future__ import annotations
 
