@@ -53,7 +53,7 @@ import openai
 from mlx_lm.utils import save_config, save_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import ROOT, SETS, SHARED, float32_model, start  # noqa: E402  (benchmarks/serve.py's helpers)
+from serve import ROOT, SETS, SHARED, both, float32_model  # noqa: E402  (benchmarks/serve.py's helpers)
 
 SERVERS = ("specgen", "mlx_lm")
 WARMUPS = 6  # requests numbered first + 1 ... first + 6 warm the servers up (three each); timed ones follow
@@ -164,12 +164,8 @@ def serving(model: str, levels: list[int], rounds: int, max_tokens: int, max_bat
             long: bool = True, first: int = 0) -> list[dict]:
     pool, n, rows = prompt_pool(), first, []
     extra = ["--max-batch", str(max_batch)] if max_batch else []
-    servers = {name: start(name, model, Path(f"/tmp/bench-concurrency-{name}.log"), extra if name == "specgen" else [])
-               for name in SERVERS}
-    clients = {k: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=1800)
-               for k, (_, url) in servers.items()}
     plan = timed_numbers(first, levels, rounds)
-    try:
+    with both(model, "concurrency", extra) as clients:
         for c in clients.values():  # the first requests pay for kernels and, alone, calibration
             at_once(c, [numbered(n := n + 1, pool)], 8)
             at_once(c, [numbered(n := n + 1, pool) for _ in range(2)], 8)
@@ -185,10 +181,6 @@ def serving(model: str, levels: list[int], rounds: int, max_tokens: int, max_bat
             after = plan[-1][1][-1] + 1 if plan else first + WARMUPS + 1
             rows.append(long_prefill(clients, pool, after, max_tokens))
             print(json.dumps(rows[-1]), flush=True)
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(30)
     return rows
 
 

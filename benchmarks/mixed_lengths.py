@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from concurrency import SERVERS, ask, same  # noqa: E402
-from serve import ROOT, float32_model, start  # noqa: E402
+from serve import ROOT, both, float32_model  # noqa: E402
 from shared_prefix import emit, questions, summary  # noqa: E402
 
 
@@ -113,14 +113,10 @@ def joined(client, convs: list[list[dict]], long_tokens: int, max_tokens: int) -
 
 def served(model_dir: str, args) -> dict:
     """Each round's conversations through each server (its own port), alternating."""
-    import openai
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    servers = {k: start(k, model_dir, Path(f"/tmp/bench-mixed-lengths-{k}.log")) for k in SERVERS}
-    try:
-        clients = {k: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=1800)
-                   for k, (_, url) in servers.items()}
+    with both(model_dir, "mixed-lengths") as clients:
         for c in clients.values():  # kernels, and the batched steps' costs
             joined(c, [[{"role": "user", "content": "Hello"}], [{"role": "user", "content": "Hi"}]], 8, 8)
         window, long_rate, texts = ({k: [] for k in SERVERS} for _ in range(3))
@@ -133,10 +129,6 @@ def served(model_dir: str, args) -> dict:
                 texts[side] += got["texts"]
                 print(f"round {r} {side}: {window[side][-1]:.1f} tok/s together, the long one "
                       f"{long_rate[side][-1]:.1f} tok/s", file=sys.stderr, flush=True)
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(30)
     ratios = [a / b for a, b in zip(window["specgen"], window["mlx_lm"])]
     return {"set": "mixed lengths, served", "speedup_median": round(statistics.median(ratios), 3),
             "speedup_min": round(min(ratios), 3), "speedup_max": round(max(ratios), 3),

@@ -19,6 +19,7 @@ With no --model, the shared SmolLM2 is dequantized to float32 into /tmp once (ml
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -70,6 +71,23 @@ def start(name: str, model: str, log: Path, extra: list[str] = ()) -> tuple[subp
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"{name} did not start: see {log}")
         time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def both(model: str, tag: str, extra: list[str] = (), timeout: float = 1800):
+    """`specgen serve` (with `extra` flags) and `mlx_lm.server` on `model`, logs in
+    /tmp/bench-{tag}-NAME.log: an openai client of each by name; both stopped after, however it ends."""
+    servers = {}
+    try:
+        for name in ("specgen", "mlx_lm"):
+            flags = extra if name == "specgen" else []
+            servers[name] = start(name, model, Path(f"/tmp/bench-{tag}-{name}.log"), flags)
+        yield {k: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout)
+               for k, (_, url) in servers.items()}
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
 
 
 def ask(c: openai.OpenAI, messages: list[dict], max_tokens: int, prediction: str | None) -> dict:
@@ -193,12 +211,8 @@ def main():
     cases = {"grounded": single(rows["grounded"], args.prompts), "code_edit": single(rows["code_edit"], args.prompts),
              "code_edit+prediction": single(rows["code_edit"], args.prompts), "chat3": chats(rows["chat"], args.prompts // 2),
              "agent": agent(Path(args.agent_trace), args.agent_turns, 6000, 2000, 1200)}
-    logs = Path("/tmp")
-    servers = {name: start(name, model, logs / f"bench-serve-{name}.log") for name in ("specgen", "mlx_lm")}
-    clients = {name: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
-               for name, (_, url) in servers.items()}
     results = []
-    try:
+    with both(model, "serve", timeout=900) as clients:
         for c in clients.values():  # warm-up: both servers' first request pays for loading kernels
             ask(c, [{"role": "user", "content": "Hello"}], 8, None)
         for name in args.sets:
@@ -215,10 +229,6 @@ def main():
             row = summarise(name, runs)
             print(json.dumps(row), flush=True)
             results.append(row)
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(30)
     blas = "OpenBLAS" if "openblas" in os.environ.get("LD_PRELOAD", "") else "bundled BLAS"
     Path(args.out).write_text("".join(json.dumps({**r, "model": model, "blas": blas}) + "\n" for r in results))
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from concurrency import SERVERS, at_once, same  # noqa: E402  (the concurrency benchmark's clients)
-from serve import ROOT, float32_model, start  # noqa: E402
+from serve import ROOT, both, float32_model  # noqa: E402
 
 TOPICS = ["copies", "acceptance estimates", "calibration", "near-tied rows", "rollback", "sliding windows",
           "serving", "stopping a prefill", "batching", "pricing drafts", "queued passes", "structured outputs",
@@ -73,15 +73,11 @@ def in_process(model_dir: str, args) -> dict:
 
 def served(model_dir: str, args) -> dict:
     """Each round's prompts sent at once to each server (its own port), alternating."""
-    import openai
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     doc = tokenizer.decode(tokenizer.encode((ROOT / "docs" / "design.md").read_text())[: args.doc_tokens])
-    servers = {k: start(k, model_dir, Path(f"/tmp/bench-shared-prefix-{k}.log")) for k in SERVERS}
-    try:
-        clients = {k: openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=1800)
-                   for k, (_, url) in servers.items()}
+    with both(model_dir, "shared-prefix") as clients:
         for c in clients.values():  # kernels, and the batched steps' costs
             at_once(c, conversations("Warm up.", ["Hello", "Hi"]), 8)
         times, texts = {k: [] for k in SERVERS}, {k: [] for k in SERVERS}
@@ -92,10 +88,6 @@ def served(model_dir: str, args) -> dict:
                 times[side].append(max(g["end"] for g in got) - min(g["start"] for g in got))
                 texts[side] += [g["text"] for g in got]
                 print(f"round {r} {side}: {times[side][-1]:.1f} s", file=sys.stderr, flush=True)
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(30)
     return {"set": "shared prefix, served", **summary(times, texts)}
 
 
