@@ -3,11 +3,13 @@ the first one its rows hold, not over the whole buffer, so a short conversation 
 long one does not read the long one's span (a pass's attention reads every key it is given,
 masked or not).
 
-`runs` cuts the rows into runs of neighbouring places (views of the buffer, no copies) wherever
-the row-slots a cut skips outweigh one more attention call (`GROUP`). mlx-lm's attention layers
-call `scaled_dot_product_attention` from their own module; `install` wraps that name, and the
-wrapper does what it did for every cache but a ragged attention layer with runs. A model whose
-layers call MLX's attention directly attends over the whole buffer, masked, as before."""
+`runs` cuts the rows into runs of neighbouring places (views of a buffer, no copies) wherever
+the row-slots a cut skips outweigh one more attention call (`GROUP`); the same rule decides where
+rows are kept on a shelf of their own (kv.py). mlx-lm's attention layers call
+`scaled_dot_product_attention` from their own module; `install` wraps that name, and the wrapper
+does what it did for every cache but a ragged attention layer with runs, which it reads shelf by
+shelf. A model whose layers call MLX's attention directly (`attended` stays False) keeps every
+row on one shelf and attends over all of it, masked, as before."""
 
 from __future__ import annotations
 
@@ -23,11 +25,13 @@ GROUP = 2048  # row-slots one more attention call must save (docs/design.md, "At
 
 
 class Run(NamedTuple):
-    """Rows `start` to `stop` (places) attend over the buffer's slots from `first` on."""
+    """Rows `start` to `stop` (places) attend over the slots from `first` on, of the buffer of
+    their shelf (kv.py)."""
 
     start: int
     stop: int
     first: int
+    shelf: int = 0
 
 
 def runs(firsts: np.ndarray, keys: int, group: int = GROUP) -> list[Run]:
@@ -54,19 +58,23 @@ def runs(firsts: np.ndarray, keys: int, group: int = GROUP) -> list[Run]:
 
 
 def _by_runs(queries, keys, values, cache, scale, mask, sinks=None):
-    """mlx-lm's attention, by `cache.runs` where a ragged layer has them."""
+    """mlx-lm's attention, by `cache.runs` where a ragged layer has them (each run over the
+    slots of its shelf that its rows hold)."""
     plan = getattr(cache, "runs", None)
-    whole = keys.shape[2]
-    if (not plan or (len(plan) == 1 and plan[0].first == 0) or not isinstance(mask, mx.array)
-            or mask.shape[-1] != whole or mask.shape[0] not in (1, queries.shape[0])):
+    if plan is not None:
+        cache.attended = True
+    if not plan or (len(plan) == 1 and plan[0].first == 0 and len(cache.buffers) == 1):
         return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale,
                                                  mask=mask, sinks=sinks)
+    if (not isinstance(mask, mx.array) or mask.shape[-1] != cache.fetched
+            or mask.shape[0] not in (1, queries.shape[0])):
+        raise ValueError("a ragged layer's attention needs its batch's mask")
     out = []
     for r in plan:
         m = mask[..., r.first:] if mask.shape[0] == 1 else mask[r.start : r.stop, ..., r.first:]
-        out.append(base.scaled_dot_product_attention(
-            queries[r.start : r.stop], keys[r.start : r.stop, :, r.first:],
-            values[r.start : r.stop, :, r.first:], cache=None, scale=scale, mask=m, sinks=sinks))
+        k, v = cache.view(r)
+        out.append(base.scaled_dot_product_attention(queries[r.start : r.stop], k, v, cache=None,
+                                                     scale=scale, mask=m, sinks=sinks))
     return out[0] if len(out) == 1 else mx.concatenate(out, axis=0)
 
 

@@ -38,7 +38,6 @@ from mlx_lm.generate_utils import BatchCounters
 from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
-from specgen.engine.batch.attend import install
 from specgen.engine.batch.cache import RaggedBatch
 from specgen.engine.batch.probe import probe
 from specgen.engine.batch.row import Row
@@ -105,8 +104,7 @@ class Batch:
 
     def __init__(self, model, *, max_rows: int = defaults.MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
                  pricing: Pricing | None = None):
-        install(model)  # attention by runs of rows (attend.py)
-        probed = probe(model)  # once per model, not per batch
+        probed = probe(model)  # once per model, not per batch (it makes attention read by runs)
         if probed.why:
             raise InputError(f"this model cannot run in a batch: {probed.why}")
         check(batch=max_rows, prefill_chunk=prefill_chunk)
@@ -115,7 +113,7 @@ class Batch:
         self.rows: list[Row] = []  # the active ones, each at its `place` in the ragged cache
         self.kept: dict[Hashable, list] = {}  # finished rows' own caches (add's keep_cache)
         self.waiting: list[Row] = []
-        self.cache = RaggedBatch(probed.layers)
+        self.cache = RaggedBatch(probed.layers, split=probed.shelves)
         self.rollback = probed.rollback  # as a row alone says it rolls back
         self.queued: Pass | None = None  # a pass queued behind the last one, not read yet
         self.wasted = 0  # queued passes never read: every row had left (as mlx-lm's last step)

@@ -11,6 +11,13 @@ by buffer index. Sequences join with a prefilled single-sequence cache (right-al
 invalid), into a row another one freed by leaving (`drop`) or a new one. Holes and free rows are
 squeezed out (`compact`) once they make the buffer much larger than what its rows hold.
 
+With `split` (the model's attention reads by runs: probe.py), rows are kept on shelves
+(`Slots.shelves`): a joining row takes a free row on a shelf that reaches back as far as it
+does, or joins the last shelf, or, where that shelf would hold more than `GROUP` slots it does
+not need, starts one of its own; compaction sorts the rows by length and cuts them into shelves
+by the same rule. So a short request beside a long session costs its own span of memory, not
+the session's, and joining a long row does not copy the others (their shelves start later).
+
 Layers of three kinds batch: KV caches; sliding windows (RotatingKVCache), held like KV layers
 (kv.py) and masked to each row's window, so a rejected draft is a hole there too, wrap or
 not, and cut to the slots some window still reaches (`commit`); and state layers (ArraysCache,
@@ -27,8 +34,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
+from specgen.engine.batch.attend import GROUP, Run, runs
 from specgen.engine.batch.kv import GROW, RaggedKVCache, newest
-from specgen.engine.batch.slots import Slots
+from specgen.engine.batch.slots import Shelf, Slots
 from specgen.engine.batch.state import RowStates
 
 HOLES = 0.5  # compact when the buffer is this much longer than the longest row (and GROW more)
@@ -61,9 +69,10 @@ class RaggedBatch:
     entries whenever one row left cost ~0.1-0.9 s a time at 16 rows of a few hundred slots on the
     CPU, on every one of a round's leaves; a padded row costs a few ms a step."""
 
-    def __init__(self, layers: int):
+    def __init__(self, layers: int, split: bool = False):
         self.slots = Slots()
         self.count = layers  # layers of the model's cache
+        self.split = split  # rows on shelves of their own (else one shelf from slot 0)
         self.layers: list = []  # made by the first `add`, from the kinds of its caches
         self.free: list[int] = []  # rows no sequence holds, lowest first
         self._open: list[int] = []  # widths of the last two passes committed (not judged yet)
@@ -101,16 +110,16 @@ class RaggedBatch:
         end = max(self.slots.end, *counts)
         if end > self.slots.end:  # the buffer grows on the left: old rows gain invalid slots
             self._shift(end - self.slots.end)
-        reused, self.free = self.free[: len(caches)], self.free[len(caches):]
         rows = self.rows
-        places = reused + list(range(rows, rows + len(caches) - len(reused)))
+        places = self._place([end - n for n in counts], end)
+        added = max(places) + 1 - rows if max(places) >= rows else 0
         for k, mine in enumerate(self.layers):
             theirs = [cache[k] for cache in caches]
             if isinstance(mine, RowStates):
-                mine.join(theirs, places, rows + len(caches) - len(reused))
+                mine.join(theirs, places, rows + added)
             else:
                 mine.join([newest(c) for c in theirs], places, rows, end)
-        more = np.zeros((len(places) - len(reused), end), dtype=bool)
+        more = np.zeros((added, end), dtype=bool)
         self.slots.held = np.concatenate([self.slots.held, more], axis=0)
         self.slots.lengths += [0] * len(more)
         for row, n in zip(places, counts):
@@ -119,9 +128,41 @@ class RaggedBatch:
             self.slots.lengths[row] = n
         return places
 
+    def _place(self, firsts: Sequence[int], end: int) -> list[int]:
+        """The places of rows joining whose oldest entries will be at slots `firsts`: a free row
+        on the shelf that starts latest at or before a row's first slot, else a new row. New rows
+        go longest first, cut as `runs` cuts rows, each run on the last shelf or, where that would
+        hold more than GROUP slots its rows do not need, on a shelf of its own. Unsplit, one shelf
+        reaches back as far as any row."""
+        shelves, rows = list(self.slots.shelves), self.rows
+        on = {p: next(s for s in shelves if s.start <= p < s.stop) for p in self.free}
+        places, new = [0] * len(firsts), []
+        for i, first in enumerate(firsts):
+            fits = [p for p in self.free if on[p].base <= first or not self.split]
+            if not fits:
+                new.append(i)
+                continue
+            places[i] = max(fits, key=lambda p: (on[p].base, -p))
+            self.free.remove(places[i])
+            if on[places[i]].base > first:  # unsplit: the one shelf reaches back further
+                shelves[0] = shelves[0]._replace(base=first)
+        new.sort(key=lambda i: firsts[i])
+        for rank, i in enumerate(new):
+            places[i] = rows + rank
+        ordered = np.asarray([firsts[i] for i in new], dtype=np.int64)
+        for r in (runs(ordered, end) if self.split and new else [Run(0, len(new), 0)] if new else []):
+            first, last, count = int(ordered[r.start]), shelves[-1] if shelves else None, r.stop - r.start
+            if last is not None and (not self.split or (last.base <= first and count * (first - last.base) <= GROUP)):
+                shelves[-1] = Shelf(last.start, last.stop + count, min(last.base, first))
+            else:
+                shelves.append(Shelf(rows + r.start, rows + r.stop, first))
+        self.slots.shelves = shelves
+        return places
+
     def _shift(self, by: int) -> None:
         for c in self._kv:
             c.shift(by)
+        self.slots.shelves = [s._replace(base=s.base + by) for s in self.slots.shelves]
         self.slots.held = np.pad(self.slots.held, [(0, 0), (by, 0)])
 
     def begin(self, fed: Sequence[int]) -> None:
@@ -168,7 +209,7 @@ class RaggedBatch:
         self.free = sorted({*self.free, *rows})
         if len(self.free) == self.rows:
             self.slots.held = np.zeros((0, 0), dtype=bool)
-            self.slots.lengths, self.free = [], []
+            self.slots.lengths, self.free, self.slots.shelves = [], [], []
             for c in self._kv:
                 c.clear()
             for c in self.states:
@@ -184,19 +225,25 @@ class RaggedBatch:
 
     def compact(self) -> list[int]:
         """Drop the free rows and move every row's entries to the end of a buffer as long as the
-        longest row (a copy). Returns the rows kept, by their old numbers, in their new order."""
+        longest row (a copy); split, the rows longest first, on shelves cut as `runs` cuts rows.
+        Returns the rows kept, by their old numbers, in their new order."""
         free = set(self.free)
         kept = [i for i in range(self.rows) if i not in free]
+        if self.split:
+            kept.sort(key=lambda i: -self.slots.lengths[i])
         held = self.slots.held[kept]
         lengths = [self.slots.lengths[i] for i in kept]
         longest = max(lengths)
         order = np.zeros((len(kept), longest), dtype=np.int32)
         for j, n in enumerate(lengths):
             order[j, longest - n:] = np.flatnonzero(held[j])
-        rows = mx.array(kept, mx.int32) if self.free else None
+        old = self.slots.shelves
+        firsts = longest - np.asarray(lengths)
+        cuts = runs(firsts, longest) if self.split else [Shelf(0, len(kept), 0)]
+        self.slots.shelves = [Shelf(r.start, r.stop, int(firsts[r.start : r.stop].min())) for r in cuts]
         for c in self._kv:
-            c.gather(rows, order, self.slots.end, lengths)
-        if self.free:
+            c.gather(kept, old, order, lengths)
+        if kept != list(range(self.rows)):
             for c in self.states:
                 c.keep(kept)
         self.slots.held = np.arange(longest)[None, :] >= (longest - np.asarray(lengths))[:, None]

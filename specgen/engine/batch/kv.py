@@ -1,11 +1,14 @@
-"""One attention layer of a ragged batch (cache.py): every row's keys and values in one
-buffer whose slots `Slots` (slots.py) hands out, positions and masks per row.
+"""One attention layer of a ragged batch (cache.py): every row's keys and values, in buffers whose
+slots `Slots` (slots.py) hands out, positions and masks per row.
 
-A sliding-window layer (`window`) is the same buffer masked to each row's window; it keeps only
-the slots some row's window (and one entry more: a row copied out alone as mlx-lm's
-RotatingKVCache holds a full window) can still reach: the older ones are cut off its front every
-GROW slots (`base` is the slot its buffer starts at), so it holds about a window of slots, not
-the whole history, and attends over no more."""
+A full-attention layer keeps each shelf of rows (`Slots.shelves`: neighbouring places) in a
+buffer of its own, from the shelf's first slot on, so a short conversation batched with a long
+one does not hold the long one's span of memory again; the batch's attention reads them shelf by
+shelf (attend.py). A sliding-window layer (`window`) is one buffer for every row, masked to each
+row's window; it keeps only the slots some row's window (and one entry more: a row copied out
+alone as mlx-lm's RotatingKVCache holds a full window) can still reach: the older ones are cut
+off its front every GROW slots, so it holds about a window of slots, not the whole history, and
+attends over no more."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from specgen.engine.batch.slots import Slots
+from specgen.engine.batch.attend import Run
+from specgen.engine.batch.slots import Shelf, Slots
 
 GROW = 256  # slots added (and, by a window, cut) at a time, as mlx-lm's KVCache grows
 
@@ -25,22 +29,67 @@ class RaggedKVCache:
 
     def __init__(self, slots: Slots, window: int | None = None):
         self.slots, self.window = slots, window
-        self.keys = self.values = None
-        self.base = 0  # the slot of buffer index 0 (a window cuts the ones before)
+        self.buffers: list[list[mx.array]] = []  # [keys, values] of each shelf (a window: one)
+        self.bases: list[int] = []  # the slot index 0 of each buffer holds
+        self.fetched = 0  # the slots the last update's keys reach (its pass's keys' end)
+        self.attended = False  # the batch's attention read it by runs (attend.py; probe.py asks)
+
+    @property
+    def keys(self) -> mx.array | None:
+        return self.buffers[0][0] if self.buffers else None
+
+    @property
+    def base(self) -> int:
+        """The slot a window's buffer starts at (it cuts the ones before)."""
+        return self.bases[0] if self.bases else 0
 
     @property
     def offset(self) -> mx.array:
         return self.slots.offset
 
+    def _shelves(self) -> list[Shelf]:
+        if self.window is not None:
+            return [Shelf(0, len(self.slots.lengths), self.base)]
+        return self.slots.shelves
+
+    def _fit(self, shelves: Sequence[Shelf], like: mx.array, upto: int) -> None:
+        """Make a buffer for each shelf, as many rows as it has, from its first slot to `upto`
+        (or past: GROW at a time); new slots and rows hold zeros (masked)."""
+        for i, s in enumerate(shelves):
+            rows, need = s.stop - s.start, upto - s.base
+            if i == len(self.buffers):
+                shape = (rows, like.shape[1], -(-need // GROW) * GROW, like.shape[3])
+                self.buffers.append([mx.zeros(shape, like.dtype), mx.zeros(shape, like.dtype)])
+                self.bases.append(s.base)
+                continue
+            held = self.buffers[i][0]
+            left, more = self.bases[i] - s.base, rows - held.shape[0]
+            grow = need - left - held.shape[2]
+            grow = -(-grow // GROW) * GROW if grow > 0 else 0
+            if left or more or grow:
+                pad = [(0, more), (0, 0), (left, grow), (0, 0)]
+                self.buffers[i] = [mx.pad(b, pad) for b in self.buffers[i]]
+                self.bases[i] = s.base
+
     def update_and_fetch(self, keys, values):
-        start, width = self.slots.end - self.base, keys.shape[2]
-        if self.keys is None or start + width > self.keys.shape[2]:
-            grow = -(-(start + width - (0 if self.keys is None else self.keys.shape[2])) // GROW) * GROW
-            self.keys = _extend(self.keys, keys, grow)
-            self.values = _extend(self.values, values, grow)
-        self.keys[..., start : start + width, :] = keys
-        self.values[..., start : start + width, :] = values
-        return self.keys[..., : start + width, :], self.values[..., : start + width, :]
+        end, width, shelves = self.slots.end, keys.shape[2], self._shelves()
+        self._fit(shelves, keys, end + width)
+        for (k, v), s, b in zip(self.buffers, shelves, self.bases):
+            at = end - b
+            whole = len(shelves) == 1
+            k[..., at : at + width, :] = keys if whole else keys[s.start : s.stop]
+            v[..., at : at + width, :] = values if whole else values[s.start : s.stop]
+        self.fetched = end + width
+        if len(shelves) > 1:
+            return keys, values  # the batch's attention reads the shelves (attend.py)
+        at = self.fetched - self.bases[0]
+        return self.buffers[0][0][..., :at, :], self.buffers[0][1][..., :at, :]
+
+    def view(self, run: Run) -> tuple[mx.array, mx.array]:
+        """The keys and values `run`'s rows attend over: their shelf's, from the run's first slot."""
+        s, b = self.slots.shelves[run.shelf], self.bases[run.shelf]
+        rows = slice(run.start - s.start, run.stop - s.start)
+        return tuple(x[rows, :, run.first - b : self.fetched - b] for x in self.buffers[run.shelf])
 
     @property
     def runs(self):
@@ -56,67 +105,65 @@ class RaggedKVCache:
 
     @property
     def state(self):
-        return self.keys, self.values
+        return [x for kv in self.buffers for x in kv]
 
     def join(self, entries: Sequence, places: Sequence[int], rows: int, end: int) -> None:
-        """Write each joining row's (keys, values) (or None), newest at slot `end`, into its place:
-        a free row in place; places from `rows` on are appended together (one copy)."""
+        """Write each joining row's (keys, values) (or None), newest at slot `end`, into its place
+        (`rows`: the rows before; places from there on are new, on the last shelf)."""
         if self.window is not None:  # a window needs its last entries only
             entries = [None if e is None else tuple(x[..., -(self.window + 1):, :] for x in e)
                        for e in entries]
-        first = min((end - e[0].shape[2] for e in entries if e is not None), default=end)
-        if self.keys is None:
-            self.base = first if self.window is not None else 0
-        elif first < self.base:  # a window reaches back further than the buffer: widen it
-            pad = [(0, 0), (0, 0), (self.base - first, 0), (0, 0)]
-            self.keys, self.values, self.base = mx.pad(self.keys, pad), mx.pad(self.values, pad), first
-        for j, name in enumerate(("keys", "values")):
-            buf, theirs = getattr(self, name), [None if e is None else e[j] for e in entries]
-            like = buf if buf is not None else next((e for e in theirs if e is not None), None)
-            if like is None:
-                continue  # no row holds anything yet: the first update makes the buffer
-            if buf is None:  # earlier rows held nothing yet
-                buf = mx.zeros((rows, like.shape[1], end - self.base, like.shape[3]), like.dtype)
-            size, at = buf.shape[2], end - self.base
-            new = [_aligned(e, at, size, buf) for p, e in zip(places, theirs) if p >= rows]
-            if new:
-                buf = mx.concatenate([buf, *new], axis=0)
-            for p, e in zip(places, theirs):
-                if p < rows and e is not None:
-                    buf[p : p + 1, :, at - e.shape[2] : at, :] = e.astype(buf.dtype)
-            setattr(self, name, buf)
+        like = next((e[0] for e in entries if e is not None), None)
+        if like is None:
+            return  # they hold nothing yet: the first update makes what they need
+        shelves = self.slots.shelves
+        if self.window is not None:
+            first = min(end - e[0].shape[2] for e in entries if e is not None)
+            shelves = [Shelf(0, max(rows, max(places) + 1), min(first, self.base) if self.buffers else first)]
+        self._fit(shelves, like, end)
+        for p, e in zip(places, entries):
+            if e is not None:
+                i = _shelf(shelves, p)
+                at, row = end - self.bases[i], p - shelves[i].start
+                for buf, x in zip(self.buffers[i], e):
+                    buf[row : row + 1, :, at - x.shape[2] : at, :] = x.astype(buf.dtype)
 
     def shift(self, by: int) -> None:
-        """Every slot moves `by` to the right (the buffer grows on the left)."""
-        if self.window is not None:
-            self.base += by  # the new slots are older than any window reaches
-        elif self.keys is not None:
-            pad = [(0, 0), (0, 0), (by, 0), (0, 0)]
-            self.keys, self.values = mx.pad(self.keys, pad), mx.pad(self.values, pad)
+        """Every slot moves `by` to the right (the new slots are older than any row holds)."""
+        self.bases = [b + by for b in self.bases]
 
     def forget(self, needed: int) -> None:
         """A window: drop the slots before `needed` (no row's window reaches them), GROW at once."""
-        if self.window is not None and self.keys is not None and needed - self.base >= GROW:
+        if self.window is not None and self.buffers and needed - self.base >= GROW:
             cut = needed - self.base
-            self.keys = mx.contiguous(self.keys[..., cut:, :])
-            self.values = mx.contiguous(self.values[..., cut:, :])
-            self.base = needed
+            self.buffers[0] = [mx.contiguous(x[..., cut:, :]) for x in self.buffers[0]]
+            self.bases[0] = needed
 
-    def gather(self, rows: mx.array | None, order: np.ndarray, end: int, lengths: Sequence[int]) -> None:
-        """Compaction: row j's entries move to the end of a buffer of order.shape[1] slots, from the
-        slots `order[j]` (of the buffer's rows `rows`; None: all). A window keeps the last it needs."""
-        if self.keys is None:
+    def gather(self, kept: Sequence[int], old: Sequence[Shelf], order: np.ndarray, lengths: Sequence[int]) -> None:
+        """Compaction: new row j (old place `kept[j]`, on the `old` shelves) gets its entries, from
+        the slots `order[j]`, at the end of a buffer of order.shape[1] slots, on the new shelves
+        (Slots.shelves). A window keeps the last it needs."""
+        if not self.buffers:
             return
-        cut = 0 if self.window is None else order.shape[1] - max(min(n, self.window + 1) for n in lengths)
-        gather = mx.array(np.maximum(order[:, cut:] - self.base, 0))[:, None, :, None]
-        keys, values = (self.keys, self.values) if rows is None else (self.keys[rows], self.values[rows])
-        self.keys = mx.take_along_axis(keys[..., : end - self.base, :], gather, axis=2)
-        self.values = mx.take_along_axis(values[..., : end - self.base, :], gather, axis=2)
-        self.base = cut
+        if self.window is not None:
+            cut = order.shape[1] - max(min(n, self.window + 1) for n in lengths)
+            old = [Shelf(0, max(kept) + 1, self.base)]
+            new = [Shelf(0, len(kept), cut)]
+        else:
+            new = self.slots.shelves
+        buffers = []
+        for s in new:
+            parts = []
+            for j in range(s.start, s.stop):
+                i = _shelf(old, kept[j])
+                at = mx.array(np.maximum(order[j, s.base:] - self.bases[i], 0))
+                row = kept[j] - old[i].start
+                parts.append([mx.take(x[row : row + 1], at, axis=2) for x in self.buffers[i]])
+            buffers.append([mx.concatenate([p[n] for p in parts], axis=0) for n in (0, 1)])
+        self.buffers, self.bases = buffers, [s.base for s in new]
 
     def clear(self) -> None:
-        self.keys = self.values = None
-        self.base = 0
+        self.buffers, self.bases = [], []
 
     def row(self, row: int, where: np.ndarray) -> KVCache | RotatingKVCache:
         """A single-sequence cache of the entries in slots `where` of `row` (a window: the last
@@ -125,12 +172,19 @@ class RaggedKVCache:
         if self.window is not None:
             where = where[-self.window:]
         if len(where):
-            idx = mx.array((where - self.base).astype(np.int32))
-            kv.keys = mx.contiguous(self.keys[row : row + 1][..., idx, :])
-            kv.values = mx.contiguous(self.values[row : row + 1][..., idx, :])
+            shelves = self._shelves()
+            i = _shelf(shelves, row)
+            idx = mx.array((where - self.bases[i]).astype(np.int32))
+            at = row - shelves[i].start
+            kv.keys, kv.values = (mx.contiguous(x[at : at + 1][..., idx, :]) for x in self.buffers[i])
             if self.window is not None:
                 kv._idx = len(where)
         return kv
+
+
+def _shelf(shelves: Sequence[Shelf], place: int) -> int:
+    """The shelf `place` is on."""
+    return next(i for i, s in enumerate(shelves) if s.start <= place < s.stop)
 
 
 def newest(c) -> tuple[mx.array, mx.array] | None:
@@ -141,17 +195,3 @@ def newest(c) -> tuple[mx.array, mx.array] | None:
     if type(c) is RotatingKVCache:
         return c._temporal_order(c.keys), c._temporal_order(c.values)
     return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
-
-
-def _aligned(entries, end: int, size: int, like):
-    """A row of `size` slots holding `entries` right-aligned at index `end`."""
-    if entries is None:
-        return mx.zeros((1, *like.shape[1:]), like.dtype)
-    n = entries.shape[2]
-    return mx.pad(entries, [(0, 0), (0, 0), (end - n, size - end), (0, 0)]).astype(like.dtype)
-
-
-def _extend(buf, like, grow: int):
-    shape = (like.shape[0], like.shape[1], grow, like.shape[3])
-    more = mx.zeros(shape, like.dtype)
-    return more if buf is None else mx.concatenate([buf, more], axis=2)

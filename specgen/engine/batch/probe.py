@@ -7,7 +7,8 @@ single-sequence pass does. mlx-lm's batched state layers skip padding by the len
 gives (ArraysCache's `lengths`), but some models' layers (Mamba 1's, for one) read every position
 fed: a probe of two rows of different widths, checked against the same tokens fed alone and with
 the padding fed too, tells them apart (in any precision: it asks which the batched state is
-nearer)."""
+nearer). The same probe says whether every full-attention layer's attention goes through
+attend.py's wrapper (then rows may be kept on shelves of their own: kv.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from typing import NamedTuple
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
+from specgen.engine.batch.attend import install
 from specgen.engine.batch.cache import RaggedBatch, unbatchable
+from specgen.engine.batch.kv import RaggedKVCache
 from specgen.engine.decode.rollback import Rollback
 
 PROMPTS = ([3, 4, 5, 6], [8, 9, 10, 11])  # row 0 feeds its last token, row 1 three: row 0 is padded
@@ -30,6 +33,7 @@ class Batchable(NamedTuple):
     why: str | None  # why it cannot decode in a batch (None: it can)
     layers: int  # layers of its cache
     rollback: str  # how a sequence's cache is taken back (Rollback.how), as a row alone says
+    shelves: bool = False  # its attention reads by runs (attend.py): rows may sit on shelves (kv.py)
 
 
 _PROBED: dict[int, tuple[weakref.ref, Batchable]] = {}  # id(model) -> (the model, its answer)
@@ -40,9 +44,13 @@ def probe(model) -> Batchable:
     0.17 s on a 32-layer model on the CPU, once, not per batch)."""
     ref, found = _PROBED.get(id(model), (None, None))
     if ref is None or ref() is not model:
+        install(model)  # attention by runs of rows (attend.py), before the passes that ask
         cache = make_prompt_cache(model)
-        why = unbatchable(cache) or padding_unsupported(model) or _disagrees(model)
-        found = Batchable(why, len(cache), Rollback(cache).how)
+        why = unbatchable(cache) or padding_unsupported(model)
+        shelves = False
+        if why is None:
+            why, shelves = _disagrees(model)
+        found = Batchable(why, len(cache), Rollback(cache).how, shelves)
         _PROBED[id(model)] = weakref.ref(model), found
     return found
 
@@ -52,9 +60,10 @@ def batch_unsupported(model) -> str | None:
     return probe(model).why
 
 
-def _disagrees(model) -> str | None:
+def _disagrees(model) -> tuple[str | None, bool]:
     """Why the forward pass fails on per-row positions (a model that reads the cache offset as one
-    number) or chooses otherwise than alone, on two short rows; None where it agrees."""
+    number) or chooses otherwise than alone, on two short rows (None where it agrees); and whether
+    every full-attention layer's attention read its cache by runs."""
     try:
         alone = [mx.argmax(model(mx.array([p], mx.uint32), cache=make_prompt_cache(model))[0, -1]).item()
                  for p in AGREE]
@@ -65,10 +74,11 @@ def _disagrees(model) -> str | None:
         together = mx.argmax(model(mx.array([[p[-1]] for p in AGREE], mx.uint32), cache=batch.layers)[:, -1],
                              axis=-1).tolist()
     except Exception as e:  # noqa: BLE001 - any failure means: not this way
-        return f"its forward pass does not take per-row positions ({type(e).__name__}: {e})"
+        return f"its forward pass does not take per-row positions ({type(e).__name__}: {e})", False
     if together != alone:
-        return "its batched forward pass chooses otherwise than a single-sequence one"
-    return None
+        return "its batched forward pass chooses otherwise than a single-sequence one", False
+    full = [c for c in batch.layers if isinstance(c, RaggedKVCache) and c.window is None]
+    return None, all(c.attended for c in full)
 
 
 def padding_unsupported(model) -> str | None:

@@ -1,16 +1,27 @@
 """Which buffer slots each row of a ragged batch (cache.py) holds, each row's length, and a
 step's masks: a slot held by that row AND causal by buffer index, and for a sliding-window layer
-also within the window by the row's own positions; and the step's runs of rows, each attending
-over the slots its rows hold (attend.py). Shared by every layer of the batch."""
+also within the window by the row's own positions; the shelves rows are kept on (kv.py: runs of
+places whose entries sit in a buffer of their own, from their shelf's first slot on); and the
+step's runs of rows, each attending over the slots its rows hold, within its shelf (attend.py).
+Shared by every layer of the batch."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import mlx.core as mx
 import numpy as np
 
 from specgen.engine.batch.attend import Run, runs
+
+
+class Shelf(NamedTuple):
+    """Rows `start` to `stop` (places), whose entries a full-attention layer keeps in one buffer
+    of their own, from slot `base` on."""
+
+    start: int
+    stop: int
+    base: int
 
 
 class Slots:
@@ -27,6 +38,7 @@ class Slots:
         self._step = np.zeros((0, 0, 0), dtype=bool)  # the step's mask, (rows, T, end + T)
         self._windows: dict[tuple[int, int], mx.array] = {}
         self.runs: list[Run] | None = None  # the step's runs of rows for attention (attend.py)
+        self.shelves: list[Shelf] = []  # in order of places, every row on one (cache.py places them)
 
     @property
     def end(self) -> int:
@@ -43,7 +55,13 @@ class Slots:
         self.offset = mx.array(self.lengths, mx.int32)
         self.widths = None if min(widths) == width else mx.array(widths, mx.int32)
         self._windows = {}
-        self.runs = runs(self._firsts(), self.end + width)
+        self.runs = self._runs(self.end + width)
+
+    def _runs(self, keys: int) -> list[Run]:
+        """The runs of rows within each shelf, in a pass over `keys` slots."""
+        firsts, shelves = self._firsts(), self.shelves or [Shelf(0, len(self.lengths), 0)]
+        return [Run(s.start + r.start, s.start + r.stop, r.first, i)
+                for i, s in enumerate(shelves) for r in runs(firsts[s.start : s.stop], keys)]
 
     def _firsts(self) -> np.ndarray:
         """Each row's oldest held slot (`end` where it holds none)."""
@@ -57,7 +75,7 @@ class Slots:
         keys, rows = self.end + 1, len(self.lengths)
         if not rows:
             return 0
-        return -(-sum((r.stop - r.start) * (keys - r.first) for r in runs(self._firsts(), keys)) // rows)
+        return -(-sum((r.stop - r.start) * (keys - r.first) for r in self._runs(keys)) // rows)
 
     def window_mask(self, window: int, base: int = 0) -> mx.array:
         """This step's mask for a layer that sees the last `window` positions (the query's own

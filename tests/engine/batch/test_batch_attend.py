@@ -1,14 +1,17 @@
-"""Attention by runs of rows (engine/batch/attend.py): a short row batched with a long one attends
-over its own slots, not the long one's span, and every row still emits what it emits alone."""
+"""Attention by runs of rows (engine/batch/attend.py) and rows on shelves (kv.py): a short row
+batched with a long one attends over its own slots, not the long one's span, holds memory for its
+own span only, and every row still emits what it emits alone; a model whose attention does not go
+through the wrapper keeps every row on one shelf."""
 
 import numpy as np
 import pytest
 from conftest import plain_tokens, run, tiny_model
-from mlx_lm.models import base
+from mlx_lm.models import base, llama
 
 from specgen.draft.drafter import make_drafter
 from specgen.engine.batch.attend import GROUP, Run, runs
 from specgen.engine.batch.batch import Batch
+from specgen.engine.batch.kv import RaggedKVCache
 from specgen.engine.batch.slots import Slots
 from specgen.engine.decode.sampling import make_selector
 from specgen.events import Step
@@ -49,19 +52,45 @@ def test_a_short_row_attends_over_its_own_slots_beside_a_long_one_and_emits_what
         return plain(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     monkeypatch.setattr(base, "scaled_dot_product_attention", counted)
-    for i, (p, pick) in enumerate(zip(rows, selectors)):
-        batch.add(i, p, drafter=make_drafter(None), max_tokens=12, selector=pick())
-    got = {i: [] for i in range(len(rows))}
-    while batch.busy:
-        for key, event in batch.step():
-            if isinstance(event, Step):
-                got[key] += event.tokens
+    got = decoded(batch, rows, selectors)
     assert [got[i] for i in range(len(rows))] == alone
     # No step reads the long span for every row (a window layer reads its own short buffer); the
     # short rows attend together over their own slots, the long row alone over its span.
     assert all(s < 2600 for n, s in widths if n == 3)
     assert any(n == 2 and s < 100 for n, s in widths)
     assert any(n == 1 and s > 2600 for n, s in widths[-20:])
+    # The short rows sit on a shelf of their own: a full-attention layer holds about the long
+    # row's span once (3 x 2,600 row-slots and more on one shelf).
+    assert 2600 < max(batch.held) < 1.5 * 2600
+
+
+def decoded(batch: Batch, rows: list, selectors: list) -> dict:
+    """Each row's tokens, the rows added at once and stepped to the end; `batch.held`: the most
+    row-slots a full-attention layer's buffers held after any step."""
+    for i, (p, pick) in enumerate(zip(rows, selectors)):
+        batch.add(i, p, drafter=make_drafter(None), max_tokens=12, selector=pick())
+    got, batch.held = {i: [] for i in range(len(rows))}, [0]
+    full = lambda: [c for c in batch.cache.layers if isinstance(c, RaggedKVCache) and c.window is None]  # noqa: E731
+    while batch.busy:
+        for key, event in batch.step():
+            if isinstance(event, Step):
+                got[key] += event.tokens
+        batch.held.append(max((sum(k.shape[0] * k.shape[2] for k, _ in c.buffers) for c in full()), default=0))
+    return got
+
+
+def test_a_model_whose_attention_is_its_own_keeps_every_row_on_one_shelf_and_stays_exact(monkeypatch):
+    # Layers that do not call mlx-lm's attention by its module's name are not wrapped: they are
+    # handed the whole buffer, so every row stays on one shelf from slot 0, as before shelves.
+    monkeypatch.setattr(llama, "scaled_dot_product_attention",
+                        lambda *a, **k: base.scaled_dot_product_attention(*a, **k))
+    model = tiny_model("llama")
+    long = [int(t) for t in np.random.default_rng(1).integers(3, 500, 2600)]
+    rows, pick = [[7, 8, 9, 10, 11], long, [20, 21, 22]], lambda: make_selector(0)
+    alone = [run(model, p, drafter=make_drafter(None), max_tokens=12, selector=pick())[0] for p in rows]
+    batch = Batch(model, max_rows=3, prefill_chunk=4096)
+    assert decoded(batch, rows, [pick] * 3) == dict(enumerate(alone))
+    assert max(batch.held) >= 3 * 2600  # the short rows hold the long one's span
 
 
 def test_a_step_is_priced_by_the_slots_its_runs_read():
