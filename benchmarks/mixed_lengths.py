@@ -10,8 +10,10 @@ One prompt is a long document (docs/design.md's opening, cut to --doc-tokens) wi
 the others are short questions of their own. Every round asks new questions and opens the
 document with the round's number, so no drafter or prompt cache has seen them. Each
 side's decoding seconds (its BatchStats) are timed apart from prefill: the short rows' steps read
-only their own keys in specgen (engine/batch/attend.py), every row's in a padded batch. Prints
-one JSON line: median speedups (min-max), whole and decoding, and whether every text is identical.
+only their own keys in specgen (engine/batch/attend.py), every row's in a padded batch; and each
+call's peak memory, weights included (the short rows sit on a shelf of their own in specgen,
+engine/batch/kv.py). Prints one JSON line: median speedups (min-max), whole and decoding, peak
+memory, and whether every text is identical.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/mixed_lengths.py [--served]
 """
@@ -45,6 +47,7 @@ def document(tokenizer, r: int, tokens: int) -> str:
 
 def in_process(model_dir: str, args) -> dict:
     """Each round's prompts through both batch_generate calls."""
+    import mlx.core as mx
     import mlx_lm
 
     import specgen
@@ -52,16 +55,18 @@ def in_process(model_dir: str, args) -> dict:
     model, tokenizer = specgen.load(model_dir)
     specgen.batch_generate(model, tokenizer, ["Hello", "Once upon a time"], max_tokens=8)  # costs, once
     mlx_lm.batch_generate(model, tokenizer, [tokenizer.encode("Hello")], max_tokens=8)  # kernels
-    times, decode, texts = ({k: [] for k in SERVERS} for _ in range(3))
+    times, decode, texts, peak = ({k: [] for k in SERVERS} for _ in range(4))
     for r, asked in enumerate(questions(args.rounds, args.prompts)):
         convs = conversations(document(tokenizer, r, args.doc_tokens), asked)
         prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in convs]
         for side in (SERVERS if r % 2 == 0 else SERVERS[::-1]):
             run = specgen.batch_generate if side == "specgen" else mlx_lm.batch_generate
+            mx.reset_peak_memory()
             t = time.perf_counter()
             out = run(model, tokenizer, prompts, max_tokens=args.max_tokens)
             times[side].append(time.perf_counter() - t)
             decode[side].append(out.stats.generation_time)
+            peak[side].append(mx.get_peak_memory() / 1e9)
             texts[side] += out.texts
             print(f"round {r} {side}: {times[side][-1]:.1f} s, decoding {decode[side][-1]:.1f} s",
                   file=sys.stderr, flush=True)
@@ -70,7 +75,8 @@ def in_process(model_dir: str, args) -> dict:
             "decode_speedup_median": round(statistics.median(ratios), 3),
             "decode_speedup_min": round(min(ratios), 3), "decode_speedup_max": round(max(ratios), 3),
             "specgen_decode_s": round(statistics.median(decode["specgen"]), 2),
-            "mlx_lm_decode_s": round(statistics.median(decode["mlx_lm"]), 2)}
+            "mlx_lm_decode_s": round(statistics.median(decode["mlx_lm"]), 2),
+            "peak_gb": {k: round(statistics.median(v), 3) for k, v in peak.items()}}
 
 
 def joined(client, convs: list[list[dict]], long_tokens: int, max_tokens: int) -> dict:

@@ -153,13 +153,16 @@ class RaggedKVCache:
             new = self.slots.shelves
         buffers = []
         for s in new:
-            parts = []
-            for j in range(s.start, s.stop):
+            parts, j = [], s.start
+            while j < s.stop:  # neighbouring rows from one old shelf: one gather
                 i = _shelf(old, kept[j])
-                at = mx.array(np.maximum(order[j, s.base:] - self.bases[i], 0))
-                row = kept[j] - old[i].start
-                parts.append([mx.take(x[row : row + 1], at, axis=2) for x in self.buffers[i]])
-            buffers.append([mx.concatenate([p[n] for p in parts], axis=0) for n in (0, 1)])
+                stop = next((k for k in range(j, s.stop) if not old[i].start <= kept[k] < old[i].stop), s.stop)
+                at = mx.array(np.maximum(order[j:stop, s.base:] - self.bases[i], 0))[:, None, :, None]
+                rows = mx.array([kept[k] - old[i].start for k in range(j, stop)], mx.int32)
+                parts.append([mx.take_along_axis(x[rows], at, axis=2) for x in self.buffers[i]])
+                j = stop
+            buffers.append([mx.concatenate([q[n] for q in parts], axis=0) if len(parts) > 1 else parts[0][n]
+                            for n in (0, 1)])
         self.buffers, self.bases = buffers, [s.base for s in new]
 
     def clear(self) -> None:

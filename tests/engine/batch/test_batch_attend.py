@@ -70,12 +70,12 @@ def decoded(batch: Batch, rows: list, selectors: list) -> dict:
     for i, (p, pick) in enumerate(zip(rows, selectors)):
         batch.add(i, p, drafter=make_drafter(None), max_tokens=12, selector=pick())
     got, batch.held = {i: [] for i in range(len(rows))}, [0]
-    full = lambda: [c for c in batch.cache.layers if isinstance(c, RaggedKVCache) and c.window is None]  # noqa: E731
     while batch.busy:
         for key, event in batch.step():
             if isinstance(event, Step):
                 got[key] += event.tokens
-        batch.held.append(max((sum(k.shape[0] * k.shape[2] for k, _ in c.buffers) for c in full()), default=0))
+        full = [c for c in batch.cache.layers if isinstance(c, RaggedKVCache) and c.window is None]
+        batch.held.append(max((sum(k.shape[0] * k.shape[2] for k, _ in c.buffers) for c in full), default=0))
     return got
 
 
