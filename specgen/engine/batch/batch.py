@@ -249,7 +249,7 @@ class Batch:
             self._leave(done)
         # Rows are not moved while a pass is queued on their places (nor its states' marks).
         if self.rows and self.queued is None and self.cache.untidy(joining=bool(self.waiting)):
-            where = {old: new for new, old in enumerate(self.cache.compact())}
+            where = {old: new for new, old in enumerate(self.cache.compact(joining=bool(self.waiting)))}
             for r in self.rows:
                 r.place = where[r.place]
         return events

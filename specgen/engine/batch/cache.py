@@ -223,10 +223,43 @@ class RaggedBatch:
         free = not joining and 2 * len(self.free) >= self.rows > 0
         return free or self.slots.end > longest * (1 + HOLES) + GROW
 
-    def compact(self) -> list[int]:
+    def compact(self, joining: bool = False) -> list[int]:
         """Drop the free rows and move every row's entries to the end of a buffer as long as the
         longest row (a copy); split, the rows longest first, on shelves cut as `runs` cuts rows.
-        Returns the rows kept, by their old numbers, in their new order."""
+        Shelves no row holds any more are dropped first, with nothing copied, and where that
+        leaves the batch tidy, nothing is. Returns the rows kept, by their old numbers, in their
+        new order."""
+        first = self._drop_shelves()
+        if first is not None and not self.untidy(joining):
+            return first
+        kept = self._gather()
+        return kept if first is None else [first[i] for i in kept]
+
+    def _drop_shelves(self) -> list[int] | None:
+        """Drop the shelves whose rows are all free (their buffers go, no other row moves): the
+        rows kept, by their old numbers, or None where there is none to drop."""
+        free = set(self.free)
+        gone = [i for i, s in enumerate(self.slots.shelves) if free.issuperset(range(s.start, s.stop))]
+        if not gone or len(gone) == len(self.slots.shelves):
+            return None
+        kept = [p for i, s in enumerate(self.slots.shelves) if i not in gone for p in range(s.start, s.stop)]
+        for c in self._kv:
+            c.drop_shelves(gone, kept)
+        for c in self.states:
+            c.keep(kept)
+        shelves, at = [], 0
+        for i, s in enumerate(self.slots.shelves):
+            if i not in gone:
+                shelves.append(Shelf(at, at + s.stop - s.start, s.base))
+                at += s.stop - s.start
+        where = {p: j for j, p in enumerate(kept)}
+        self.slots.shelves = shelves
+        self.slots.held = self.slots.held[kept]
+        self.slots.lengths = [self.slots.lengths[p] for p in kept]
+        self.free = sorted(where[p] for p in free if p in where)
+        return kept
+
+    def _gather(self) -> list[int]:
         free = set(self.free)
         kept = [i for i in range(self.rows) if i not in free]
         if self.split:

@@ -165,6 +165,16 @@ class RaggedKVCache:
                             for n in (0, 1)])
         self.buffers, self.bases = buffers, [s.base for s in new]
 
+    def drop_shelves(self, gone: Sequence[int], kept: Sequence[int]) -> None:
+        """The shelves `gone` hold no row any more: drop their buffers (a window keeps the rows
+        `kept`, a copy of a window's worth)."""
+        if self.window is not None:
+            if self.buffers:
+                self.buffers[0] = [x[mx.array(list(kept), mx.int32)] for x in self.buffers[0]]
+            return
+        self.buffers = [b for i, b in enumerate(self.buffers) if i not in gone]
+        self.bases = [b for i, b in enumerate(self.bases) if i not in gone]
+
     def clear(self) -> None:
         self.buffers, self.bases = [], []
 

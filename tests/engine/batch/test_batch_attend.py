@@ -11,6 +11,7 @@ from mlx_lm.models import base, llama
 from specgen.draft.drafter import make_drafter
 from specgen.engine.batch.attend import GROUP, Run, runs
 from specgen.engine.batch.batch import Batch
+from specgen.engine.batch.cache import RaggedBatch
 from specgen.engine.batch.kv import RaggedKVCache
 from specgen.engine.batch.slots import Slots
 from specgen.engine.decode.sampling import make_selector
@@ -102,3 +103,27 @@ def test_a_step_is_priced_by_the_slots_its_runs_read():
     assert slots.reach() == -(-(6001 + 2 * 1001) // 3)  # not the buffer's 6,001 a row
     slots.held[1:, GROUP // 2:] = True  # a cut would save a call's worth, no more: one run
     assert slots.reach() == 6001
+
+
+def test_a_short_row_leaving_a_long_one_drops_its_shelf_and_copies_nothing(monkeypatch):
+    # An agent's side request ends beside its session: the batch is compacted (half its rows are
+    # free), by dropping the short row's shelf, not by copying the session's entries.
+    model = tiny_model("llama")
+    long = [int(t) for t in np.random.default_rng(2).integers(3, 500, 2600)]
+    rows, limits = [long, [7, 8, 9, 10, 11]], [12, 3]
+    alone = [run(model, p, drafter=make_drafter(None), max_tokens=n, selector=make_selector(0))[0]
+             for p, n in zip(rows, limits)]
+    gathered, compacted = [], []
+    real_gather, real_compact = RaggedKVCache.gather, RaggedBatch.compact
+    monkeypatch.setattr(RaggedKVCache, "gather", lambda self, *a: gathered.append(1) or real_gather(self, *a))
+    monkeypatch.setattr(RaggedBatch, "compact", lambda self, **kw: compacted.append(1) or real_compact(self, **kw))
+    batch = Batch(model, max_rows=2, prefill_chunk=4096)
+    for i, (p, n) in enumerate(zip(rows, limits)):
+        batch.add(i, p, drafter=make_drafter(None), max_tokens=n, selector=make_selector(0))
+    got = {0: [], 1: []}
+    while batch.busy:
+        for key, event in batch.step():
+            if isinstance(event, Step):
+                got[key] += event.tokens
+    assert [got[0], got[1]] == alone
+    assert compacted and not gathered

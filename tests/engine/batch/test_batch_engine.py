@@ -151,7 +151,7 @@ def test_holes_are_compacted_and_rows_stay_exact(stories, monkeypatch):
     expected = [solo(stories.model, r) for r in rows]
     compactions = []
     real = batch_cache.RaggedBatch.compact
-    monkeypatch.setattr(batch_cache.RaggedBatch, "compact", lambda self: compactions.append(1) or real(self))
+    monkeypatch.setattr(batch_cache.RaggedBatch, "compact", lambda self, **kw: compactions.append(1) or real(self, **kw))
     got, _, _ = batched(Batch(stories.model, max_rows=4), rows, arrive=[0, 1, 2, 3])
     assert [got[i] for i in range(len(rows))] == expected and compactions
 
@@ -162,7 +162,7 @@ def test_a_leaving_row_is_freed_in_place_and_taken_by_the_next_to_join(stories, 
     expected = [solo(stories.model, r) for r in rows]
     copies, sizes = [], []
     real_compact, real_step = batch_cache.RaggedBatch.compact, Batch.step
-    monkeypatch.setattr(batch_cache.RaggedBatch, "compact", lambda self: copies.append(self.rows) or real_compact(self))
+    monkeypatch.setattr(batch_cache.RaggedBatch, "compact", lambda self, **kw: copies.append(self.rows) or real_compact(self, **kw))
 
     def step(self):
         events = real_step(self)
