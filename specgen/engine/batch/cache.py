@@ -14,9 +14,10 @@ squeezed out (`compact`) once they make the buffer much larger than what its row
 With `split` (the model's attention reads by runs: probe.py), rows are kept on shelves
 (`Slots.shelves`): a joining row takes a free row on a shelf that reaches back as far as it
 does, or joins the last shelf, or, where that shelf would hold more than `GROUP` slots it does
-not need, starts one of its own; compaction sorts the rows by length and cuts them into shelves
-by the same rule. So a short request beside a long session costs its own span of memory, not
-the session's, and joining a long row does not copy the others (their shelves start later).
+not need, starts one of its own; compaction drops shelves no row holds whole, and where it must
+copy, sorts the rows by length and cuts them into shelves by the same rule. So a short request
+beside a long session costs its own span of memory, not the session's, and neither joining nor
+leaving copies the session.
 
 Layers of three kinds batch: KV caches; sliding windows (RotatingKVCache), held like KV layers
 (kv.py) and masked to each row's window, so a rejected draft is a hole there too, wrap or
@@ -150,8 +151,9 @@ class RaggedBatch:
         for rank, i in enumerate(new):
             places[i] = rows + rank
         ordered = np.asarray([firsts[i] for i in new], dtype=np.int64)
-        for r in (runs(ordered, end) if self.split and new else [Run(0, len(new), 0)] if new else []):
-            first, last, count = int(ordered[r.start]), shelves[-1] if shelves else None, r.stop - r.start
+        for r in (runs(ordered, end) if self.split else [Run(0, len(new), 0)]) if new else []:
+            first, count = int(ordered[r.start]), r.stop - r.start  # (ordered: its run's oldest first)
+            last = shelves[-1] if shelves else None
             if last is not None and (not self.split or (last.base <= first and count * (first - last.base) <= GROUP)):
                 shelves[-1] = Shelf(last.start, last.stop + count, min(last.base, first))
             else:
@@ -272,8 +274,8 @@ class RaggedBatch:
             order[j, longest - n:] = np.flatnonzero(held[j])
         old = self.slots.shelves
         firsts = longest - np.asarray(lengths)
-        cuts = runs(firsts, longest) if self.split else [Shelf(0, len(kept), 0)]
-        self.slots.shelves = [Shelf(r.start, r.stop, int(firsts[r.start : r.stop].min())) for r in cuts]
+        cuts = runs(firsts, longest) if self.split else [Run(0, len(kept), 0)]
+        self.slots.shelves = [Shelf(r.start, r.stop, r.first) for r in cuts]
         for c in self._kv:
             c.gather(kept, old, order, lengths)
         if kept != list(range(self.rows)):
