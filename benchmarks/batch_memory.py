@@ -54,8 +54,9 @@ def main() -> None:
     prompts = [tok.apply_chat_template(c, add_generation_prompt=True)
                for c in conversations(document(tok, 0, a.doc_tokens), asked)]
     weights = mx.get_active_memory()
-    add = lambda b, key, p, n: b.add(key, p, drafter=make_drafter(None), max_tokens=n,  # noqa: E731
-                                     selector=make_selector(0))
+
+    def add(b: Batch, key, prompt: list[int], n: int) -> None:
+        b.add(key, prompt, drafter=make_drafter(None), max_tokens=n, selector=make_selector(0))
 
     batch, together, peak = Batch(model, max_rows=4), {}, [0]
     for i, p in enumerate(prompts):
