@@ -75,6 +75,11 @@ TINY = {
                  conv_L_cache=3, block_dim=64, block_multiple_of=16, block_ffn_dim_multiplier=1.0,
                  block_auto_adjust_ff_dim=False, intermediate_size=128,
                  layer_types=["conv", "full_attention", "conv", "full_attention"]),
+    # Multi-head latent attention: scores the keys its cache returns before attention is called.
+    "deepseek_v3": dict(model_type="deepseek_v3", vocab_size=512, hidden_size=64, intermediate_size=128,
+                        moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+                        v_head_dim=16, qk_nope_head_dim=16, n_routed_experts=None, first_k_dense_replace=2),
 }
 
 

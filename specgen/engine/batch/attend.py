@@ -69,10 +69,14 @@ def _by_runs(queries, keys, values, cache, scale, mask, sinks=None):
     if (not isinstance(mask, mx.array) or mask.shape[-1] != cache.fetched
             or mask.shape[0] not in (1, queries.shape[0])):
         raise ValueError("a ragged layer's attention needs its batch's mask")
-    out = []
+    out, one = [], len(cache.buffers) == 1
     for r in plan:
         m = mask[..., r.first:] if mask.shape[0] == 1 else mask[r.start : r.stop, ..., r.first:]
-        k, v = cache.view(r)
+        if one:  # the keys and values handed in, as the layer made them of its one shelf's
+            at = r.first - cache.bases[0]
+            k, v = keys[r.start : r.stop, :, at:], values[r.start : r.stop, :, at:]
+        else:
+            k, v = cache.view(r)
         out.append(base.scaled_dot_product_attention(queries[r.start : r.stop], k, v, cache=None,
                                                      scale=scale, mask=m, sinks=sinks))
     return out[0] if len(out) == 1 else mx.concatenate(out, axis=0)

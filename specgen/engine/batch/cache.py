@@ -11,13 +11,9 @@ by buffer index. Sequences join with a prefilled single-sequence cache (right-al
 invalid), into a row another one freed by leaving (`drop`) or a new one. Holes and free rows are
 squeezed out (`compact`) once they make the buffer much larger than what its rows hold.
 
-With `split` (the model's attention reads by runs: probe.py), rows are kept on shelves
-(`Slots.shelves`): a joining row takes a free row on a shelf that reaches back as far as it
-does, or joins the last shelf, or, where that shelf would hold more than `GROUP` slots it does
-not need, starts one of its own; compaction drops shelves no row holds whole, and where it must
-copy, sorts the rows by length and cuts them into shelves by the same rule. So a short request
-beside a long session costs its own span of memory, not the session's, and neither joining nor
-leaving copies the session.
+With `split` (probe.py: the model's attention reads by runs), rows sit on shelves (`_place`,
+`compact`), so a short request beside a long session costs its own span of memory, not the
+session's, and neither its joining nor its leaving copies the session.
 
 Layers of three kinds batch: KV caches; sliding windows (RotatingKVCache), held like KV layers
 (kv.py) and masked to each row's window, so a rejected draft is a hole there too, wrap or
@@ -70,10 +66,11 @@ class RaggedBatch:
     entries whenever one row left cost ~0.1-0.9 s a time at 16 rows of a few hundred slots on the
     CPU, on every one of a round's leaves; a padded row costs a few ms a step."""
 
-    def __init__(self, layers: int, split: bool = False):
+    def __init__(self, layers: int, split: bool = False, group: int = GROUP):
         self.slots = Slots()
         self.count = layers  # layers of the model's cache
         self.split = split  # rows on shelves of their own (else one shelf from slot 0)
+        self.group = group  # row-slots a shelf of its own must save (the probe's: any)
         self.layers: list = []  # made by the first `add`, from the kinds of its caches
         self.free: list[int] = []  # rows no sequence holds, lowest first
         self._open: list[int] = []  # widths of the last two passes committed (not judged yet)
@@ -151,10 +148,10 @@ class RaggedBatch:
         for rank, i in enumerate(new):
             places[i] = rows + rank
         ordered = np.asarray([firsts[i] for i in new], dtype=np.int64)
-        for r in (runs(ordered, end) if self.split else [Run(0, len(new), 0)]) if new else []:
+        for r in (runs(ordered, end, self.group) if self.split else [Run(0, len(new), 0)]) if new else []:
             first, count = int(ordered[r.start]), r.stop - r.start  # (ordered: its run's oldest first)
             last = shelves[-1] if shelves else None
-            if last is not None and (not self.split or (last.base <= first and count * (first - last.base) <= GROUP)):
+            if last is not None and (not self.split or (last.base <= first and count * (first - last.base) <= self.group)):
                 shelves[-1] = Shelf(last.start, last.stop + count, min(last.base, first))
             else:
                 shelves.append(Shelf(rows + r.start, rows + r.stop, first))
@@ -274,7 +271,7 @@ class RaggedBatch:
             order[j, longest - n:] = np.flatnonzero(held[j])
         old = self.slots.shelves
         firsts = longest - np.asarray(lengths)
-        cuts = runs(firsts, longest) if self.split else [Run(0, len(kept), 0)]
+        cuts = runs(firsts, longest, self.group) if self.split else [Run(0, len(kept), 0)]
         self.slots.shelves = [Shelf(r.start, r.stop, r.first) for r in cuts]
         for c in self._kv:
             c.gather(kept, old, order, lengths)

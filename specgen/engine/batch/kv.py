@@ -52,14 +52,15 @@ class RaggedKVCache:
             return [Shelf(0, len(self.slots.lengths), self.base)]
         return self.slots.shelves
 
-    def _fit(self, shelves: Sequence[Shelf], like: mx.array, upto: int) -> None:
-        """Make a buffer for each shelf, as many rows as it has, from its first slot to `upto`
-        (or past: GROW at a time); new slots and rows hold zeros (masked)."""
+    def _fit(self, shelves: Sequence[Shelf], like: Sequence[mx.array], upto: int) -> None:
+        """Make a keys and a values buffer (shaped as `like`'s two) for each shelf, as many rows as
+        it has, from its first slot to `upto` (or past: GROW at a time); new slots and rows hold
+        zeros (masked)."""
         for i, s in enumerate(shelves):
             rows, need = s.stop - s.start, upto - s.base
             if i == len(self.buffers):
-                shape = (rows, like.shape[1], -(-need // GROW) * GROW, like.shape[3])
-                self.buffers.append([mx.zeros(shape, like.dtype), mx.zeros(shape, like.dtype)])
+                size = -(-need // GROW) * GROW
+                self.buffers.append([mx.zeros((rows, x.shape[1], size, x.shape[3]), x.dtype) for x in like])
                 self.bases.append(s.base)
                 continue
             held = self.buffers[i][0]
@@ -73,7 +74,7 @@ class RaggedKVCache:
 
     def update_and_fetch(self, keys, values):
         end, width, shelves = self.slots.end, keys.shape[2], self._shelves()
-        self._fit(shelves, keys, end + width)
+        self._fit(shelves, (keys, values), end + width)
         for (k, v), s, b in zip(self.buffers, shelves, self.bases):
             at = end - b
             whole = len(shelves) == 1
@@ -113,7 +114,7 @@ class RaggedKVCache:
         if self.window is not None:  # a window needs its last entries only
             entries = [None if e is None else tuple(x[..., -(self.window + 1):, :] for x in e)
                        for e in entries]
-        like = next((e[0] for e in entries if e is not None), None)
+        like = next((e for e in entries if e is not None), None)
         if like is None:
             return  # they hold nothing yet: the first update makes what they need
         shelves = self.slots.shelves

@@ -7,8 +7,10 @@ single-sequence pass does. mlx-lm's batched state layers skip padding by the len
 gives (ArraysCache's `lengths`), but some models' layers (Mamba 1's, for one) read every position
 fed: a probe of two rows of different widths, checked against the same tokens fed alone and with
 the padding fed too, tells them apart (in any precision: it asks which the batched state is
-nearer). The same probe says whether every full-attention layer's attention goes through
-attend.py's wrapper (then rows may be kept on shelves of their own: kv.py)."""
+nearer). Rows may be kept on shelves of their own (kv.py) where every full-attention layer's
+attention goes through attend.py's wrapper and the model chooses as alone with two rows on two
+shelves, fed one position and two (a layer that reads the keys a cache returns for itself, as
+multi-head latent attention does, is handed only the step's: it fails or disagrees there)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from specgen.engine.decode.rollback import Rollback
 
 PROMPTS = ([3, 4, 5, 6], [8, 9, 10, 11])  # row 0 feeds its last token, row 1 three: row 0 is padded
 AGREE = ([3, 4, 5, 6, 7], [8, 9])  # two rows of different lengths (token ids any vocabulary has)
+SHELVES = ([3, 4, 5, 6, 7, 8], [9, 10, 11])  # the same, long enough to feed two positions
 
 
 class Batchable(NamedTuple):
@@ -46,10 +49,8 @@ def probe(model) -> Batchable:
     if ref is None or ref() is not model:
         install(model)  # attention by runs of rows (attend.py), before the passes that ask
         cache = make_prompt_cache(model)
-        why = unbatchable(cache) or padding_unsupported(model)
-        shelves = False
-        if why is None:
-            why, shelves = _disagrees(model)
+        why = unbatchable(cache) or padding_unsupported(model) or _disagrees(model)
+        shelves = why is None and not any(_disagrees(model, SHELVES, width, shelves=True) for width in (1, 2))
         found = Batchable(why, len(cache), Rollback(cache).how, shelves)
         _PROBED[id(model)] = weakref.ref(model), found
     return found
@@ -60,25 +61,28 @@ def batch_unsupported(model) -> str | None:
     return probe(model).why
 
 
-def _disagrees(model) -> tuple[str | None, bool]:
+def _disagrees(model, prompts=AGREE, width: int = 1, shelves: bool = False) -> str | None:
     """Why the forward pass fails on per-row positions (a model that reads the cache offset as one
-    number) or chooses otherwise than alone, on two short rows (None where it agrees); and whether
-    every full-attention layer's attention read its cache by runs."""
+    number) or chooses otherwise than alone, on two short rows fed their last `width` tokens (on
+    two shelves where `shelves`: then also where a full-attention layer's attention did not read
+    its cache by runs); None where it agrees."""
     try:
         alone = [mx.argmax(model(mx.array([p], mx.uint32), cache=make_prompt_cache(model))[0, -1]).item()
-                 for p in AGREE]
-        caches = [_fed(model, [p[:-1]]) for p in AGREE]
-        batch = RaggedBatch(len(caches[0]))
+                 for p in prompts]
+        caches = [_fed(model, [p[:-width]]) for p in prompts]
+        batch = RaggedBatch(len(caches[0]), split=shelves, group=0)
         batch.add(caches)
-        batch.slots.begin([1] * len(AGREE))
-        together = mx.argmax(model(mx.array([[p[-1]] for p in AGREE], mx.uint32), cache=batch.layers)[:, -1],
+        batch.slots.begin([width] * len(prompts))
+        together = mx.argmax(model(mx.array([p[-width:] for p in prompts], mx.uint32), cache=batch.layers)[:, -1],
                              axis=-1).tolist()
     except Exception as e:  # noqa: BLE001 - any failure means: not this way
-        return f"its forward pass does not take per-row positions ({type(e).__name__}: {e})", False
+        return f"its forward pass does not take per-row positions ({type(e).__name__}: {e})"
     if together != alone:
-        return "its batched forward pass chooses otherwise than a single-sequence one", False
+        return "its batched forward pass chooses otherwise than a single-sequence one"
     full = [c for c in batch.layers if isinstance(c, RaggedKVCache) and c.window is None]
-    return None, all(c.attended for c in full)
+    if shelves and not all(c.attended for c in full):
+        return "its attention does not read a ragged cache by runs"
+    return None
 
 
 def padding_unsupported(model) -> str | None:
