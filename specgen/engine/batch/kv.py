@@ -75,11 +75,10 @@ class RaggedKVCache:
     def update_and_fetch(self, keys, values):
         end, width, shelves = self.slots.end, keys.shape[2], self._shelves()
         self._fit(shelves, (keys, values), end + width)
+        whole = len(shelves) == 1
         for (k, v), s, b in zip(self.buffers, shelves, self.bases):
-            at = end - b
-            whole = len(shelves) == 1
-            k[..., at : at + width, :] = keys if whole else keys[s.start : s.stop]
-            v[..., at : at + width, :] = values if whole else values[s.start : s.stop]
+            k[..., end - b : end - b + width, :] = keys if whole else keys[s.start : s.stop]
+            v[..., end - b : end - b + width, :] = values if whole else values[s.start : s.stop]
         self.fetched = end + width
         if len(shelves) > 1:
             return keys, values  # the batch's attention reads the shelves (attend.py)
