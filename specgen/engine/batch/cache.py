@@ -110,7 +110,7 @@ class RaggedBatch:
             self._shift(end - self.slots.end)
         rows = self.rows
         places = self._place([end - n for n in counts], end)
-        added = max(places) + 1 - rows if max(places) >= rows else 0
+        added = max(0, max(places) + 1 - rows)  # new rows, after the free ones taken
         for k, mine in enumerate(self.layers):
             theirs = [cache[k] for cache in caches]
             if isinstance(mine, RowStates):
@@ -147,14 +147,15 @@ class RaggedBatch:
         new.sort(key=lambda i: firsts[i])
         for rank, i in enumerate(new):
             places[i] = rows + rank
-        ordered = np.asarray([firsts[i] for i in new], dtype=np.int64)
-        for r in (runs(ordered, end, self.group) if self.split else [Run(0, len(new), 0)]) if new else []:
-            first, count = int(ordered[r.start]), r.stop - r.start  # (ordered: its run's oldest first)
-            last = shelves[-1] if shelves else None
-            if last is not None and (not self.split or (last.base <= first and count * (first - last.base) <= self.group)):
-                shelves[-1] = Shelf(last.start, last.stop + count, min(last.base, first))
-            else:
-                shelves.append(Shelf(rows + r.start, rows + r.stop, first))
+        if new:
+            ordered = np.asarray([firsts[i] for i in new], dtype=np.int64)
+            for r in runs(ordered, end, self.group) if self.split else [Run(0, len(new), int(ordered[0]))]:
+                last, count = shelves[-1] if shelves else None, r.stop - r.start
+                if last is not None and (not self.split or (last.base <= r.first
+                                                            and count * (r.first - last.base) <= self.group)):
+                    shelves[-1] = Shelf(last.start, last.stop + count, min(last.base, r.first))
+                else:
+                    shelves.append(Shelf(rows + r.start, rows + r.stop, r.first))
         self.slots.shelves = shelves
         return places
 

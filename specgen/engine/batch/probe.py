@@ -50,7 +50,7 @@ def probe(model) -> Batchable:
         install(model)  # attention by runs of rows (attend.py), before the passes that ask
         cache = make_prompt_cache(model)
         why = unbatchable(cache) or padding_unsupported(model) or _disagrees(model)
-        shelves = why is None and not any(_disagrees(model, SHELVES, width, shelves=True) for width in (1, 2))
+        shelves = why is None and _disagrees(model, SHELVES, widths=(1, 2), shelves=True) is None
         found = Batchable(why, len(cache), Rollback(cache).how, shelves)
         _PROBED[id(model)] = weakref.ref(model), found
     return found
@@ -61,27 +61,28 @@ def batch_unsupported(model) -> str | None:
     return probe(model).why
 
 
-def _disagrees(model, prompts=AGREE, width: int = 1, shelves: bool = False) -> str | None:
+def _disagrees(model, prompts=AGREE, widths=(1,), shelves: bool = False) -> str | None:
     """Why the forward pass fails on per-row positions (a model that reads the cache offset as one
-    number) or chooses otherwise than alone, on two short rows fed their last `width` tokens (on
-    two shelves where `shelves`: then also where a full-attention layer's attention did not read
-    its cache by runs); None where it agrees."""
+    number) or chooses otherwise than alone, on two short rows fed their last tokens, as many as
+    each of `widths` (on two shelves where `shelves`: then also where a full-attention layer's
+    attention did not read its cache by runs); None where it agrees."""
     try:
         alone = [mx.argmax(model(mx.array([p], mx.uint32), cache=make_prompt_cache(model))[0, -1]).item()
                  for p in prompts]
-        caches = [_fed(model, [p[:-width]]) for p in prompts]
-        batch = RaggedBatch(len(caches[0]), split=shelves, group=0)
-        batch.add(caches)
-        batch.slots.begin([width] * len(prompts))
-        together = mx.argmax(model(mx.array([p[-width:] for p in prompts], mx.uint32), cache=batch.layers)[:, -1],
-                             axis=-1).tolist()
+        for width in widths:
+            caches = [_fed(model, [p[:-width]]) for p in prompts]
+            batch = RaggedBatch(len(caches[0]), split=shelves, group=0)
+            batch.add(caches)
+            batch.slots.begin([width] * len(prompts))
+            together = mx.argmax(model(mx.array([p[-width:] for p in prompts], mx.uint32),
+                                       cache=batch.layers)[:, -1], axis=-1).tolist()
+            if together != alone:
+                return "its batched forward pass chooses otherwise than a single-sequence one"
+            full = [c for c in batch.layers if isinstance(c, RaggedKVCache) and c.window is None]
+            if shelves and not all(c.attended for c in full):
+                return "its attention does not read a ragged cache by runs"
     except Exception as e:  # noqa: BLE001 - any failure means: not this way
         return f"its forward pass does not take per-row positions ({type(e).__name__}: {e})"
-    if together != alone:
-        return "its batched forward pass chooses otherwise than a single-sequence one"
-    full = [c for c in batch.layers if isinstance(c, RaggedKVCache) and c.window is None]
-    if shelves and not all(c.attended for c in full):
-        return "its attention does not read a ragged cache by runs"
     return None
 
 
