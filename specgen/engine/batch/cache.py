@@ -149,13 +149,14 @@ class RaggedBatch:
             places[i] = rows + rank
         if new:
             ordered = np.asarray([firsts[i] for i in new], dtype=np.int64)
-            for r in runs(ordered, end, self.group) if self.split else [Run(0, len(new), int(ordered[0]))]:
-                last, count = shelves[-1] if shelves else None, r.stop - r.start
-                if last is not None and (not self.split or (last.base <= r.first
-                                                            and count * (r.first - last.base) <= self.group)):
-                    shelves[-1] = Shelf(last.start, last.stop + count, min(last.base, r.first))
+            for r in runs(ordered, end, self.group) if self.split else [Run(0, len(new), 0)]:
+                # From the run's oldest row's first slot (runs' `first` may be earlier for empty rows).
+                first, last, count = int(ordered[r.start]), shelves[-1] if shelves else None, r.stop - r.start
+                if last is not None and (not self.split or (last.base <= first
+                                                            and count * (first - last.base) <= self.group)):
+                    shelves[-1] = Shelf(last.start, last.stop + count, min(last.base, first))
                 else:
-                    shelves.append(Shelf(rows + r.start, rows + r.stop, r.first))
+                    shelves.append(Shelf(rows + r.start, rows + r.stop, first))
         self.slots.shelves = shelves
         return places
 
@@ -273,7 +274,7 @@ class RaggedBatch:
         old = self.slots.shelves
         firsts = longest - np.asarray(lengths)
         cuts = runs(firsts, longest, self.group) if self.split else [Run(0, len(kept), 0)]
-        self.slots.shelves = [Shelf(r.start, r.stop, r.first) for r in cuts]
+        self.slots.shelves = [Shelf(r.start, r.stop, int(firsts[r.start : r.stop].min())) for r in cuts]
         for c in self._kv:
             c.gather(kept, old, order, lengths)
         if kept != list(range(self.rows)):
