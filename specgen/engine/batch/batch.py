@@ -5,8 +5,10 @@ selector and seed, stop rules and grammar; and its place in a ragged cache, cach
 the waiting ones. Each `step` prefills up
 to one chunk's worth of prompt tokens (a piece of a long prompt, or several whole short ones, each
 on a cache of its own; a prompt joins the batch when done, so a long one does not freeze the
-running rows), then runs ONE forward pass over every active row's last token plus its draft,
-rows padded to the widest, and judges each row by its sequence's rules, as decode.generate does:
+running rows), then runs ONE forward pass over every active row's last token plus its draft
+(rows padded to the widest, or, where the model allows it (probe.py) and rows feed different
+widths, fed flat: each row its own positions, so one row's long draft costs the others
+nothing), and judges each row by its sequence's rules, as decode.generate does:
 a row emits the longest accepted prefix of its draft plus the model's next token, and keeps just
 those entries.
 Rows join and leave between steps. The next pass is queued behind the one in flight before it
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Hashable, Iterator
 from typing import Sequence as Ids
 
@@ -58,7 +61,8 @@ PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
 @dataclass
 class Pass:
     """A batched forward pass on the device, not read yet: its rows (in the order of its verdict's
-    columns), their drafts and tokens fed again, its logits and lazy verdict. It is committed
+    columns), their drafts and tokens fed again, its logits by position and where each place's
+    begin (`starts`), and its lazy verdict. It is committed
     when launched, as if every draft holds (what a row does not keep is taken back once judged);
     `queued`: launched behind another; `dropped`: rows whose entries were taken back (they sit
     it out)."""
@@ -68,6 +72,7 @@ class Pass:
     again: list[int]
     width: int
     logits: mx.array
+    starts: list[int]
     verdict: mx.array
     queued: bool = False
     dropped: set[int] = field(default_factory=set)
@@ -76,26 +81,30 @@ class Pass:
         """Positions its `i`-th row feeds."""
         return self.again[i] + len(self.drafts[i]) + 1
 
+    def logits_of(self, i: int) -> mx.array:
+        """The logits of the positions its `i`-th row fed."""
+        at = self.starts[self.rows[i].place]
+        return self.logits[at : at + self.fed(i)]
+
     def column(self, row: Row) -> int | None:
         """`row`'s column in this pass, unless it has none or sits it out (`dropped`)."""
         i = next((i for i, r in enumerate(self.rows) if r is row), None)
         return None if i in self.dropped else i
 
 
-def verdicts(logits: mx.array, rows: list[Row], spans: list[tuple[int, int]],
+def verdicts(logits: mx.array, starts: list[int], rows: list[Row], spans: list[tuple[int, int]],
              ahead: list[int] | None = None) -> mx.array:
     """Every row's lazy verdict (row.seq.verdict) on its `spans` (first position, count) of a pass's
-    logits, concatenated in `rows`' order (`ahead`: each row's tokens in the pass before, not
-    read yet). Greedy rows' in one set of reductions over the whole
-    pass and one gather: a set per row cost ~15% of a plain step of 4 rows on the CPU proxy
-    (MLX's CPU stream runs each small op as a task of its own)."""
+    logits (by position; `starts`: each place's first), concatenated in `rows`' order (`ahead`:
+    each row's tokens in the pass before, not read yet). Greedy rows' in one set of reductions
+    over the whole pass and one gather: a set per row cost ~15% of a plain step of 4 rows on the
+    CPU proxy (MLX's CPU stream runs each small op as a task of its own)."""
     if all(r.seq.selector is GREEDY for r in rows):
-        width = logits.shape[1]
-        every = GREEDY.verdict(logits.reshape(-1, logits.shape[-1]), 0)
-        at = [r.place * width + a + j for r, (a, n) in zip(rows, spans) for j in range(n)]
+        every = GREEDY.verdict(logits, 0)
+        at = [starts[r.place] + a + j for r, (a, n) in zip(rows, spans) for j in range(n)]
         return every[:, mx.array(at, mx.int32)]
     ahead = ahead or [0] * len(rows)
-    return mx.concatenate([r.seq.verdict(logits[r.place, a : a + n], k)
+    return mx.concatenate([r.seq.verdict(logits[starts[r.place] + a : starts[r.place] + a + n], k)
                            for r, (a, n), k in zip(rows, spans, ahead)], axis=1)
 
 
@@ -115,6 +124,7 @@ class Batch:
         self.waiting: list[Row] = []
         self.cache = RaggedBatch(probed.layers, split=probed.shelves)
         self.rollback = probed.rollback  # as a row alone says it rolls back
+        self.flat = probed.flat  # passes may be fed flat
         self.queued: Pass | None = None  # a pass queued behind the last one, not read yet
         self.wasted = 0  # queued passes never read: every row had left (as mlx-lm's last step)
         self.sharing = Sharing(prefill_chunk)  # rows take the prompt entries others computed
@@ -223,8 +233,8 @@ class Batch:
         active = {id(r) for r in self.rows}  # a row cancelled since `cur` was queued is not judged
         ours = [i for i, r in enumerate(cur.rows) if id(r) in active and i not in cur.dropped]
         chosen = read_all(cur.verdict, [len(d) + 1 for d in cur.drafts])  # the step's one read
-        judged = {i: cur.rows[i].seq.judge(chosen[i], cur.logits[cur.rows[i].place, a : a + len(d) + 1], d)
-                  for i in ours for d, a in [(cur.drafts[i], cur.again[i])]}
+        judged = {i: cur.rows[i].seq.judge(chosen[i], cur.logits_of(i)[cur.again[i]:], cur.drafts[i])
+                  for i in ours}
         for i, (tokens, _, tied) in judged.items():
             # A near-tied row keeps the entries up to the tied position's input, fed again alone
             # below (a row with states keeps none: they cannot drop it, and are restored).
@@ -257,19 +267,33 @@ class Batch:
     def _launch(self) -> Pass:
         """This step's pass, read before the next is built: every row's last token (after any
         accepted ones a restored state took back) and its draft."""
-        drafts = step_drafts(self.rows, self.pricing, self.cache.rows, self.cache.slots.reach())
+        drafts = step_drafts(self.rows, self.pricing, self.cache.rows, self.cache.slots.reach(), self.flat)
         fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
         for r, d in zip(self.rows, drafts):
             fed[r.place] = [*r.seq.history[self.cache.slots.lengths[r.place]:], *d]
         width = max(map(len, fed))
         x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
-        self.cache.begin([len(f) for f in fed])
         with eager(self.cache.layers, self.pricing.eager if self.pricing else 0):  # nothing runs ahead
-            logits = self.model(x, cache=self.cache.layers)
+            logits, starts = self._forward(x, [len(f) for f in fed])
         again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
-        verdict = verdicts(logits, self.rows, [(a, len(d) + 1) for d, a in zip(drafts, again)])
+        verdict = verdicts(logits, starts, self.rows, [(a, len(d) + 1) for d, a in zip(drafts, again)])
         mx.async_eval(verdict)
-        return self._committed(Pass(list(self.rows), drafts, again, width, logits, verdict))
+        return self._committed(Pass(list(self.rows), drafts, again, width, logits, starts, verdict))
+
+    def _forward(self, x: mx.array, fed: list[int]) -> tuple[mx.array, list[int]]:
+        """The pass of padded input `x` (each place feeding its first `fed` positions; a free one
+        padding), fed flat where the model allows it and rows feed different widths, some more
+        than one: its logits by position, and where each place's begin."""
+        width = x.shape[1]
+        flat = self.flat and width > 1 and min(fed) < width
+        if flat:
+            fed = [0 if p in self.cache.free else n for p, n in enumerate(fed)]
+        self.cache.begin(fed, flat)
+        if flat:
+            x = x.reshape(-1)[self.cache.slots.flat.whole.take][:, None]
+        logits = self.model(x, cache=self.cache.layers)
+        starts = list(accumulate(fed, initial=0)) if flat else [p * width for p in range(len(fed))]
+        return logits.reshape(-1, logits.shape[-1]), starts
 
     def _committed(self, launched: Pass) -> Pass:
         """`launched`, its rows' entries committed as if every draft holds (free rows keep none):
@@ -292,7 +316,7 @@ class Batch:
                 or not all(r.seq.queues for r in self.rows)):
             return None
         count = self.cache.rows
-        more = behind_drafts(cur.rows, cur.drafts, self.pricing, count, self.cache.slots.reach())
+        more = behind_drafts(cur.rows, cur.drafts, self.pricing, count, self.cache.slots.reach(), self.flat)
         if more is None:
             return None
         width = 1 + max(map(len, more))
@@ -307,13 +331,12 @@ class Batch:
         fed = [1] * count
         for r, m in zip(cur.rows, more):
             fed[r.place] = 1 + len(m)
-        self.cache.begin(fed)
-        logits = self.model(x, cache=self.cache.layers)
+        logits, starts = self._forward(x, fed)
         spans, ahead = [(0, len(m) + 1) for m in more], [len(d) + 1 for d in cur.drafts]
-        verdict = verdicts(logits, cur.rows, spans, ahead)
+        verdict = verdicts(logits, starts, cur.rows, spans, ahead)
         mx.async_eval(verdict)
         n = len(cur.rows)
-        return self._committed(Pass(list(cur.rows), more, [0] * n, width, logits, verdict, queued=True))
+        return self._committed(Pass(list(cur.rows), more, [0] * n, width, logits, starts, verdict, queued=True))
 
     def _take_back(self, row: Row, entries: int, behind: Pass | None, unqueue: bool) -> None:
         """Take back the newest `entries` entries `row` fed the pass just judged (drafts it did

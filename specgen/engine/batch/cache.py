@@ -166,11 +166,11 @@ class RaggedBatch:
         self.slots.shelves = [s._replace(base=s.base + by) for s in self.slots.shelves]
         self.slots.held = np.pad(self.slots.held, [(0, 0), (by, 0)])
 
-    def begin(self, fed: Sequence[int]) -> None:
-        """Before a pass feeding `fed[i]` real positions of row i (the rest is padding)."""
+    def begin(self, fed: Sequence[int], flat: bool = False) -> None:
+        """Before a pass feeding `fed[i]` real positions of row i (the rest padding, or `flat`)."""
         for c in self.states:
             c.mark()
-        self.slots.begin(fed)
+        self.slots.begin(fed, flat)
 
     def commit(self, width: int, fed: Sequence[int]) -> None:
         """After a pass is built: row i holds the `fed[i]` positions it fed, as if every draft

@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from specgen.engine.batch.attend import Run
+from specgen.engine.batch.attend import Run, padded
 from specgen.engine.batch.slots import Shelf, Slots
 
 GROW = 256  # slots added (and, by a window, cut) at a time, as mlx-lm's KVCache grows
@@ -73,6 +73,8 @@ class RaggedKVCache:
                 self.bases[i] = s.base
 
     def update_and_fetch(self, keys, values):
+        if self.slots.flat is not None:  # stored as a padded pass's (attend.py)
+            keys, values = padded(keys, self.slots.flat.whole), padded(values, self.slots.flat.whole)
         end, width, shelves = self.slots.end, keys.shape[2], self._shelves()
         self._fit(shelves, (keys, values), end + width)
         whole = len(shelves) == 1

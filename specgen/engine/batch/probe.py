@@ -10,7 +10,9 @@ the padding fed too, tells them apart (in any precision: it asks which the batch
 nearer). Rows may be kept on shelves of their own (kv.py) where every full-attention layer's
 attention goes through attend.py's wrapper and the model chooses as alone with two rows on two
 shelves, fed one position and two (a layer that reads the keys a cache returns for itself, as
-multi-head latent attention does, is handed only the step's: it fails or disagrees there)."""
+multi-head latent attention does, is handed only the step's: it fails or disagrees there). A
+pass may be fed flat (slots.py) where the model has no state layers, every attention layer goes
+through the wrapper, and two rows fed one position and two, flat, choose as alone."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import weakref
 from typing import NamedTuple
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from specgen.engine.batch.attend import install
@@ -37,6 +40,7 @@ class Batchable(NamedTuple):
     layers: int  # layers of its cache
     rollback: str  # how a sequence's cache is taken back (Rollback.how), as a row alone says
     shelves: bool = False  # its attention reads by runs (attend.py): rows may sit on shelves (kv.py)
+    flat: bool = False  # a pass may feed each row its own positions (slots.py's Flat)
 
 
 _PROBED: dict[int, tuple[weakref.ref, Batchable]] = {}  # id(model) -> (the model, its answer)
@@ -51,7 +55,9 @@ def probe(model) -> Batchable:
         cache = make_prompt_cache(model)
         why = unbatchable(cache) or padding_unsupported(model) or _disagrees(model)
         shelves = why is None and _disagrees(model, SHELVES, widths=(1, 2), shelves=True) is None
-        found = Batchable(why, len(cache), Rollback(cache).how, shelves)
+        flat = (why is None and not any(type(c) is ArraysCache for c in cache)
+                and _disagrees(model, SHELVES, widths=(1, 2), shelves=shelves, flat=True) is None)
+        found = Batchable(why, len(cache), Rollback(cache).how, shelves, flat)
         _PROBED[id(model)] = weakref.ref(model), found
     return found
 
@@ -61,25 +67,33 @@ def batch_unsupported(model) -> str | None:
     return probe(model).why
 
 
-def _disagrees(model, prompts=AGREE, widths=(1,), shelves: bool = False) -> str | None:
+def _disagrees(model, prompts=AGREE, widths=(1,), shelves: bool = False, flat: bool = False) -> str | None:
     """Why the forward pass fails on per-row positions (a model that reads the cache offset as one
     number) or chooses otherwise than alone, on two short rows fed their last tokens, as many as
     each of `widths` (on two shelves where `shelves`: then also where a full-attention layer's
-    attention did not read its cache by runs); None where it agrees."""
+    attention did not read its cache by runs; `flat`: row i fed `widths[i]` of them, flat, then
+    also where an attention layer did not go through the wrapper); None where it agrees."""
     try:
         alone = [mx.argmax(model(mx.array([p], mx.uint32), cache=make_prompt_cache(model))[0, -1]).item()
                  for p in prompts]
-        for width in widths:
-            caches = [_fed(model, [p[:-width]]) for p in prompts]
+        for feed in [list(widths)] if flat else [[w] * len(prompts) for w in widths]:
+            caches = [_fed(model, [p[:-n]]) for p, n in zip(prompts, feed)]
             batch = RaggedBatch(len(caches[0]), split=shelves, group=0)
-            batch.add(caches)
-            batch.slots.begin([width] * len(prompts))
-            together = mx.argmax(model(mx.array([p[-width:] for p in prompts], mx.uint32),
-                                       cache=batch.layers)[:, -1], axis=-1).tolist()
+            order = np.argsort(batch.add(caches))  # the prompts by place
+            batch.slots.begin([feed[i] for i in order], flat)
+            pieces = [prompts[i][-feed[i]:] for i in order]
+            if flat:
+                logits = model(mx.array([t for p in pieces for t in p], mx.uint32)[:, None], cache=batch.layers)
+                last = logits[mx.array(np.cumsum([len(p) for p in pieces]) - 1), -1]
+            else:
+                last = model(mx.array(pieces, mx.uint32), cache=batch.layers)[:, -1]
+            together = [0] * len(prompts)
+            for i, token in zip(order, mx.argmax(last, axis=-1).tolist()):
+                together[i] = token
             if together != alone:
                 return "its batched forward pass chooses otherwise than a single-sequence one"
-            full = [c for c in batch.layers if isinstance(c, RaggedKVCache) and c.window is None]
-            if shelves and not all(c.attended for c in full):
+            full = [c for c in batch.layers if isinstance(c, RaggedKVCache) and (flat or c.window is None)]
+            if (shelves or flat) and not all(c.attended for c in full):
                 return "its attention does not read a ragged cache by runs"
     except Exception as e:  # noqa: BLE001 - any failure means: not this way
         return f"its forward pass does not take per-row positions ({type(e).__name__}: {e})"

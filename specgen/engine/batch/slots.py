@@ -3,7 +3,10 @@ step's masks: a slot held by that row AND causal by buffer index, and for a slid
 also within the window by the row's own positions; the shelves rows are kept on (kv.py: runs of
 places whose entries sit in a buffer of their own, from their shelf's first slot on); and the
 step's runs of rows, each attending over the slots its rows hold, within its shelf (attend.py).
-Shared by every layer of the batch."""
+A pass may be fed flat (`Flat`): each row only its own positions, one after another, each
+position a batch row of the model's input, so a row that drafts more does not make the others
+compute padding; the layers' keys and attention stay in the padded (rows, width) layout, and
+attend.py moves between the two. Shared by every layer of the batch."""
 
 from __future__ import annotations
 
@@ -24,6 +27,34 @@ class Shelf(NamedTuple):
     base: int
 
 
+class Part(NamedTuple):
+    """Where a flat pass's tokens sit in a padded (rows, `width`) layout: `spread`, each padded
+    position's token (padding reads token 0: masked, its output unread); `take`, each of its
+    tokens' index there (row by row, in order of places)."""
+
+    spread: mx.array
+    take: mx.array
+    width: int
+
+
+class Flat(NamedTuple):
+    """A pass fed flat: its tokens in the step's padded layout (`whole`, as the keys and values
+    are stored), each run's (`parts`, as it attends: padded to its own widest), each token's
+    position (`offset`)."""
+
+    whole: Part
+    parts: list[Part]
+    offset: mx.array
+
+
+def _part(new: np.ndarray, first: int) -> Part:
+    """The Part of rows whose fed positions are `new` (rows, width), their first token `first`."""
+    take = np.flatnonzero(new)
+    spread = np.zeros(new.size, dtype=np.int32)
+    spread[take] = first + np.arange(len(take))
+    return Part(mx.array(spread), mx.array(take.astype(np.int32)), new.shape[1])
+
+
 class Slots:
     """Which buffer slots each row holds, each row's length, and the current step's masks."""
 
@@ -38,14 +69,16 @@ class Slots:
         self._step = np.zeros((0, 0, 0), dtype=bool)  # the step's mask, (rows, T, end + T)
         self._windows: dict[tuple[int, int], mx.array] = {}
         self.runs: list[Run] | None = None  # the step's runs of rows for attention (attend.py)
+        self.flat: Flat | None = None  # the step's layout where it is fed flat
         self.shelves: list[Shelf] = []  # in order of places, every row on one (cache.py places them)
 
     @property
     def end(self) -> int:
         return self.held.shape[1]
 
-    def begin(self, widths: Sequence[int]) -> None:
-        """Before a pass feeding `widths[i]` real positions of row i (the rest is padding)."""
+    def begin(self, widths: Sequence[int], flat: bool = False) -> None:
+        """Before a pass feeding `widths[i]` real positions of row i (the rest is padding, or,
+        `flat`, not fed at all)."""
         width = max(widths)
         new = np.arange(width)[None, :] < np.asarray(widths)[:, None]  # (rows, T)
         causal = np.arange(width)[:, None] >= np.arange(width)[None, :]  # (T, T)
@@ -55,13 +88,22 @@ class Slots:
         self.offset = mx.array(self.lengths, mx.int32)
         self.widths = None if min(widths) == width else mx.array(widths, mx.int32)
         self._windows = {}
-        self.runs = self._runs(self.end + width)
+        self.runs = self._runs(self.end + width, widths if flat else None)
+        self.flat = None
+        if flat:
+            before = np.cumsum([0, *widths])
+            parts = [_part(new[r.start : r.stop, : r.width], before[r.start]) for r in self.runs]
+            positions = (np.asarray(self.lengths)[:, None] + np.arange(width))[new]
+            self.flat = Flat(_part(new, 0), parts, mx.array(positions.astype(np.int32)))
+            self.offset = self.flat.offset
 
-    def _runs(self, keys: int) -> list[Run]:
-        """The runs of rows within each shelf, in a pass over `keys` slots."""
+    def _runs(self, keys: int, widths: Sequence[int] | None = None) -> list[Run]:
+        """The runs of rows within each shelf, in a pass over `keys` slots (`widths`: queries
+        each row feeds a flat pass)."""
         firsts, shelves = self._firsts(), self.shelves or [Shelf(0, len(self.lengths), 0)]
-        return [Run(s.start + r.start, s.start + r.stop, r.first, i)
-                for i, s in enumerate(shelves) for r in runs(firsts[s.start : s.stop], keys)]
+        return [r._replace(start=s.start + r.start, stop=s.start + r.stop, shelf=i)
+                for i, s in enumerate(shelves)
+                for r in runs(firsts[s.start : s.stop], keys, widths=None if widths is None else widths[s.start : s.stop])]
 
     def _firsts(self) -> np.ndarray:
         """Each row's oldest held slot (`end` where it holds none)."""
@@ -96,5 +138,5 @@ class Slots:
         new = np.arange(width)[None, :] < np.asarray(kept)[:, None]
         self.held = np.concatenate([self.held, new], axis=1)
         self.lengths = [n + k for n, k in zip(self.lengths, kept)]
-        self.mask = self.widths = self.runs = None
+        self.mask = self.widths = self.runs = self.flat = None
         self._windows = {}

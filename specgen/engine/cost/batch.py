@@ -3,7 +3,10 @@
 `Pricing` turns the measured grid into what the batch engine asks each step: at B rows over S
 cache slots, the cost of k + 1 positions per row relative to a plain batched step (curve.py's
 curve rules), and whether any draft can pay there (if not, the step is plain batched decoding);
-`step_drafts` and `behind_drafts` apply it to a step's rows.
+`step_drafts` and `behind_drafts` apply it to a step's rows. Where a pass is fed flat (each row
+its own positions, batch.py), a row's k drafts cost what k / B drafts a row cost the whole
+step: each row drafts by that (`flat` prices), at a length of its own; padded, every row pays
+for the widest, so the step chooses one width for all.
 """
 
 from __future__ import annotations
@@ -33,29 +36,32 @@ class Pricing:
         self.sizes = sorted(measured.grid)
         self._priced: dict[tuple[int, int], tuple[CostFn, CostFn, CostFn | None]] = {}
 
-    def _at(self, rows: int, slots: int) -> tuple[CostFn, CostFn, CostFn | None]:
-        key = (min(rows, self.sizes[-1]), -(-max(slots, 1) // BUCKET) * BUCKET)
+    def _at(self, rows: int, slots: int, flat: bool) -> tuple[CostFn, CostFn, CostFn | None]:
+        key = (min(rows, self.sizes[-1]), -(-max(slots, 1) // BUCKET) * BUCKET, flat)
         if key not in self._priced:
-            curve = relative(self.measured.seconds(*key))
+            curve = relative(self.measured.seconds(*key[:2]))
+            if flat:  # one row's n positions, the others' one: (n - 1) / B more a row, B times its share
+                curve = {1 + key[0] * (n - 1): 1 + key[0] * (c - 1) for n, c in curve.items()}
             built = cost_function(curve)
             step = drafting_cost(built, self.overlap, ahead=0)
             self._priced[key] = (built, step, None if unprofitable(Curve(curve)) else step)
         return self._priced[key]
 
-    def built(self, rows: int, slots: int = 0) -> CostFn:
-        """A pass built once the one before was read, as the grid timed it."""
-        return self._at(rows, slots)[0]
+    def built(self, rows: int, slots: int = 0, flat: bool = False) -> CostFn:
+        """A pass built once the one before was read, as the grid timed it (`flat`: one row's
+        drafts, relative to its share of a plain step)."""
+        return self._at(rows, slots, flat)[0]
 
     def queued(self, rows: int, slots: int = 0) -> CostFn:
         """A pass queued behind the one in flight: the host's work overlaps it."""
-        built = self._at(rows, slots)[0]
+        built = self.built(rows, slots)
         return lambda k: built(k) - self.overlap
 
-    def step(self, rows: int, slots: int = 0) -> CostFn:
-        return self._at(rows, slots)[1]
+    def step(self, rows: int, slots: int = 0, flat: bool = False) -> CostFn:
+        return self._at(rows, slots, flat)[1]
 
-    def drafting(self, rows: int, slots: int = 0) -> CostFn | None:
-        return self._at(rows, slots)[2]
+    def drafting(self, rows: int, slots: int = 0, flat: bool = False) -> CostFn | None:
+        return self._at(rows, slots, flat)[2]
 
 
 def best_width(coming: list[Coming], cost: CostFn, queued: bool = False, every: bool = False) -> int:
@@ -71,7 +77,23 @@ def _yield(coming: list[Coming], k: int, cost: CostFn, queued: bool) -> float:
     return sum(c.held(k, queued) for c in coming) / cost(k)
 
 
-def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> list[list[int]]:
+def _plan(coming: list[Coming], pricing: Pricing, count: int, slots: int, queued: bool,
+          flat: bool) -> tuple[list[int], float]:
+    """Each row's drafts in a pass over `count` rows (`queued` behind the one in flight, or built
+    after it), and the tokens the pass yields for its cost: padded, the one width that yields
+    most; `flat`, each row the length that yields most for its own cost."""
+    whole = pricing.queued(count, slots) if queued else pricing.built(count, slots)
+    if not flat:
+        k = best_width(coming, whole, queued, every=True)
+        return [k] * len(coming), _yield(coming, k, whole, queued)
+    own = pricing.built(count, slots, flat=True)
+    ks = [max(range((len(c.drafts) if queued else c.reach) + 1), key=lambda k: c.held(k, queued) / own(k))
+          for c in coming]
+    return ks, sum(c.held(k, queued) for c, k in zip(coming, ks)) / whole(sum(ks) / count)
+
+
+def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int,
+                flat: bool = False) -> list[list[int]]:
     """Each row's draft for a batch step over `count` cache rows (free ones count: every pass
     feeds them) and `slots` slots. A row alone drafts by its drafter's own cost (the
     single-sequence curve); with more rows, adaptive drafters weigh drafts by what a step costs
@@ -79,23 +101,26 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
     pays for the widest draft, so the step's width is the one that yields the most tokens for
     its cost over all rows, each row's draft worth what its drafter says (`Sequence.planned`: by
     its acceptance so far, which only drafts move, a row priced out at the priors never drafted),
-    and longer drafts are drafted again to fit it."""
+    and longer drafts are drafted again to fit it. Fed `flat`, each row pays for its own: it
+    drafts by its share of the step's cost, at its own length."""
     if pricing is None or count == 1:
         for r in rows:
             _price(r.seq.drafter, r.own_cost)
         return [r.seq.step_draft(on=True) for r in rows]
-    cost = pricing.drafting(count, slots)
+    cost = pricing.drafting(count, slots, flat)
     drafts = []
     for r, may in zip(rows, _may_draft(rows, pricing, count, slots)):
         if r.own_cost is not None and cost is not None:
             _price(r.seq.drafter, cost)
         drafts.append(r.seq.step_draft(on=may))
+    if flat:
+        return drafts
     k = best_width([r.seq.planned(d) for r, d in zip(rows, drafts)], pricing.step(count, slots))
     return [d if len(d) <= k else r.seq.step_draft(on=True, most=k) for r, d in zip(rows, drafts)]
 
 
 def behind_drafts(rows: list[Row], drafts: list[list[int]], pricing: Pricing | None, count: int,
-                  slots: int) -> list[list[int]] | None:
+                  slots: int, flat: bool = False) -> list[list[int]] | None:
     """Each row's drafts in a pass queued behind the one in flight (whose drafts are `drafts`), as
     its sequence's `coming` says, or None where a pass built once that one is read yields more
     for its cost. Queued, a row's tokens count only where the pass in flight's drafts all hold,
@@ -109,11 +134,10 @@ def behind_drafts(rows: list[Row], drafts: list[list[int]], pricing: Pricing | N
     if pricing is None:
         plain = all(c.whole == 1.0 and not c.reach for c in coming)
         return [[] for _ in coming] if plain else None
-    ahead, after = pricing.queued(count, slots), pricing.built(count, slots)
-    k = best_width(coming, ahead, queued=True, every=True)
-    if _yield(coming, k, ahead, True) < _yield(coming, best_width(coming, after, every=True), after, False):
+    ks, queued = _plan(coming, pricing, count, slots, True, flat)
+    if queued < _plan(coming, pricing, count, slots, False, flat)[1]:
         return None
-    return [c.drafts[:k] for c in coming]
+    return [c.drafts[:k] for c, k in zip(coming, ks)]
 
 
 def _may_draft(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> list[bool]:
