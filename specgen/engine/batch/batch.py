@@ -335,8 +335,8 @@ class Batch:
         spans, ahead = [(0, len(m) + 1) for m in more], [len(d) + 1 for d in cur.drafts]
         verdict = verdicts(logits, starts, cur.rows, spans, ahead)
         mx.async_eval(verdict)
-        n = len(cur.rows)
-        return self._committed(Pass(list(cur.rows), more, [0] * n, width, logits, starts, verdict, queued=True))
+        again = [0] * len(cur.rows)
+        return self._committed(Pass(list(cur.rows), more, again, width, logits, starts, verdict, queued=True))
 
     def _take_back(self, row: Row, entries: int, behind: Pass | None, unqueue: bool) -> None:
         """Take back the newest `entries` entries `row` fed the pass just judged (drafts it did

@@ -83,7 +83,8 @@ def _disagrees(model, prompts=AGREE, widths=(1,), shelves: bool = False, flat: b
             batch.slots.begin([feed[i] for i in order], flat)
             pieces = [prompts[i][-feed[i]:] for i in order]
             if flat:
-                logits = model(mx.array([t for p in pieces for t in p], mx.uint32)[:, None], cache=batch.layers)
+                x = mx.array([t for p in pieces for t in p], mx.uint32)[:, None]
+                logits = model(x, cache=batch.layers)
                 last = logits[mx.array(np.cumsum([len(p) for p in pieces]) - 1), -1]
             else:
                 last = model(mx.array(pieces, mx.uint32), cache=batch.layers)[:, -1]

@@ -101,9 +101,9 @@ class Slots:
         """The runs of rows within each shelf, in a pass over `keys` slots (`widths`: queries
         each row feeds a flat pass)."""
         firsts, shelves = self._firsts(), self.shelves or [Shelf(0, len(self.lengths), 0)]
+        fed = (lambda s: None) if widths is None else (lambda s: widths[s.start : s.stop])
         return [r._replace(start=s.start + r.start, stop=s.start + r.stop, shelf=i)
-                for i, s in enumerate(shelves)
-                for r in runs(firsts[s.start : s.stop], keys, widths=None if widths is None else widths[s.start : s.stop])]
+                for i, s in enumerate(shelves) for r in runs(firsts[s.start : s.stop], keys, widths=fed(s))]
 
     def _firsts(self) -> np.ndarray:
         """Each row's oldest held slot (`end` where it holds none)."""

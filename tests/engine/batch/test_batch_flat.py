@@ -60,8 +60,9 @@ def test_a_row_that_trusts_its_drafts_drafts_beside_rows_that_draft_nothing(over
     dear = Pricing(Measured({1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, 4: {1: 1.0, 2: 1.3, 4: 1.93, 8: 3.15}}),
                    overlap=overlap)
     model = Steered(tiny_model("llama"), 6.0)
+    prompts = [CYCLE * 3, [40, 41], [300], [7, 8, 9]]
     rows = [dict(prompt=p, max_tokens=40, stop_tokens=frozenset(), draft=d, adaptive=d == 64,
-                 selector=make_selector(0)) for p, d in zip([CYCLE * 3, [40, 41], [300], [7, 8, 9]], (64, 0, 0, 0))]
+                 selector=make_selector(0)) for p, d in zip(prompts, (64, 0, 0, 0))]
     expected = [solo(model, r) for r in rows]
     accepted = {}
     for flat in (False, True):
