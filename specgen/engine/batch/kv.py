@@ -8,7 +8,8 @@ shelf (attend.py). A sliding-window layer (`window`) is one buffer for every row
 row's window; it keeps only the slots some row's window (and one entry more: a row copied out
 alone as mlx-lm's RotatingKVCache holds a full window) can still reach: the older ones are cut
 off its front every GROW slots, so it holds about a window of slots, not the whole history, and
-attends over no more."""
+attends over no more. A pass fed flat (slots.py) hands in one entry a position; they are stored
+as a padded pass's."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ class Pricing:
     def __init__(self, measured: Measured, overlap: float = 0.0, eager: int = 0):
         self.measured, self.overlap, self.eager = measured, overlap, eager
         self.sizes = sorted(measured.grid)
-        self._priced: dict[tuple[int, int], tuple[CostFn, CostFn, CostFn | None]] = {}
+        self._priced: dict[tuple[int, int, bool], tuple[CostFn, CostFn, CostFn | None]] = {}
 
     def _at(self, rows: int, slots: int, flat: bool) -> tuple[CostFn, CostFn, CostFn | None]:
         key = (min(rows, self.sizes[-1]), -(-max(slots, 1) // BUCKET) * BUCKET, flat)
