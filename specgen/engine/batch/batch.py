@@ -45,7 +45,7 @@ from specgen.engine.batch.cache import RaggedBatch
 from specgen.engine.batch.probe import probe
 from specgen.engine.batch.row import Row
 from specgen.engine.batch.share import Sharing
-from specgen.engine.cost.batch import Pricing, behind_drafts, step_drafts
+from specgen.engine.cost.batch import Pricing, behind_drafts, feeds_flat, step_drafts
 from specgen.engine.decode.eager import Stopped, eager, stoppable
 from specgen.engine.decode.loop import PREFILL_CHUNK
 from specgen.engine.decode.sampling import GREEDY, read_all
@@ -282,13 +282,11 @@ class Batch:
 
     def _forward(self, x: mx.array, fed: list[int]) -> tuple[mx.array, list[int]]:
         """The pass of padded input `x` (each place feeding its first `fed` positions; a free one
-        padding), fed flat where the model allows it and that saves a width: the padded pass is
-        wider than 1 + ceil(extra positions / rows), the width the flat one costs about as much as
-        (cost/batch.py; its gathers cost ~7% of a step of 8 rows of SmolLM2 on the CPU, where
-        9 positions already cost 1.13 steps). Its logits by position, and where each place's
-        begin."""
+        padding), fed flat where the model allows it and that costs less (cost/batch.py's
+        `feeds_flat`: its gathers cost ~7% of a step of 8 rows of SmolLM2 on the CPU). Its logits
+        by position, and where each place's begin."""
         width = x.shape[1]
-        flat = self.flat and width > 1 - (-sum(n - 1 for n in fed) // len(fed))
+        flat = self.flat and width > 1 and feeds_flat(self.pricing, fed, self.cache.slots.reach())
         if flat:
             fed = [0 if p in self.cache.free else n for p, n in enumerate(fed)]
         self.cache.begin(fed, flat)

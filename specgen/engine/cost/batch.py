@@ -4,12 +4,14 @@
 cache slots, the cost of k + 1 positions per row relative to a plain batched step (curve.py's
 curve rules), and whether any draft can pay there (if not, the step is plain batched decoding);
 `step_drafts` and `behind_drafts` apply it to a step's rows. Where a pass is fed flat (each row
-its own positions, batch.py), k drafts in all cost what ceil(k / B) drafts a row cost: each row
-drafts by that (`flat` prices), at a length of its own; padded, every row pays for the widest,
+its own positions, batch.py), each row drafts by what its drafts add to the step as the timed
+flat steps say (`flat` prices), at a length of its own; padded, every row pays for the widest,
 so the step chooses one width for all.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from specgen.draft.length import CostFn
 from specgen.engine.batch.row import Row
@@ -20,56 +22,93 @@ from specgen.events import Coming
 BUCKET = 128  # slots are priced in steps of this many (drafters rebuild their tables per price)
 
 
+class Prices(NamedTuple):
+    """What a batched step at some rows and slots costs, relative to a plain one: `built`, a step
+    drafting k a row, built once the one before was read (fed flat: one row's k drafts, relative
+    to its share of a plain step); `step`, what drafters weigh that with; `drafting`, that, or None
+    where no draft can pay; `whole`, the pass (padded: k + 1 positions a row; flat: k more
+    positions in all)."""
+
+    built: CostFn
+    step: CostFn
+    drafting: CostFn | None
+    whole: CostFn
+
+
 class Pricing:
     """What a batched step costs, by rows (Measured.seconds: between timed row counts, a line)
     and the cache slots it attends over (rounded up to BUCKET), relative to a plain one:
     `built(rows, slots)(k)`, a step of k + 1 positions per row built once the one before was read,
-    as the grid timed it; `queued`, one queued behind the one in flight (batch.py), which costs
-    `overlap` (the single-sequence calibration's share of a plain step that queuing hides) less;
-    `step`, what drafters weigh drafts with (as alone, curve.drafting_cost: plain steps queued, a
-    draft's verdict read before the next); `drafting`, that, or None where drafting cannot pay
-    (cost.unprofitable): the step is then plain batched decoding. The grid's steps ran eagerly
-    every `eager` layers (Curve.eager), as batch.py runs a step nothing runs ahead of."""
+    as the grid timed it; `whole(..., queued=True)`, one queued behind the one in flight (batch.py),
+    which costs `overlap` (the single-sequence calibration's share of a plain step that queuing
+    hides) less; `step`, what drafters weigh drafts with (as alone, curve.drafting_cost: plain
+    steps queued, a draft's verdict read before the next); `drafting`, that, or None where
+    drafting cannot pay (cost.unprofitable): the step is then plain batched decoding. The grid's
+    steps ran eagerly every `eager` layers (Curve.eager), as batch.py runs a step nothing runs
+    ahead of. Fed flat, a row's drafts cost what the timed flat steps say one row's more
+    positions cost (Measured.flat_seconds); untimed, what the padded step every row drafting
+    ceil(k / rows) costs."""
 
     def __init__(self, measured: Measured, overlap: float = 0.0, eager: int = 0):
         self.measured, self.overlap, self.eager = measured, overlap, eager
         self.sizes = sorted(measured.grid)
-        self._priced: dict[tuple[int, int, bool], tuple[CostFn, CostFn, CostFn | None]] = {}
+        self._priced: dict[tuple[int, int, bool], Prices] = {}
 
-    def _at(self, rows: int, slots: int, flat: bool) -> tuple[CostFn, CostFn, CostFn | None]:
+    def _at(self, rows: int, slots: int, flat: bool) -> Prices:
         key = (min(rows, self.sizes[-1]), -(-max(slots, 1) // BUCKET) * BUCKET, flat)
         if key not in self._priced:
-            curve = relative(self.measured.seconds(*key[:2]))
-            built = cost_function(curve)
+            rows, slots = key[:2]
+            curve = relative(self.measured.seconds(rows, slots))
+            whole = built = cost_function(curve)
             if flat:
-                built = _own(built, key[0])
+                timed = relative(self.measured.flat_seconds(rows, slots))
+                whole = cost_function(timed) if timed else _ceiling(built, rows)
+                built = _own(whole, rows)
+                curve = {n: built(n - 1) for n in timed or curve}
             step = drafting_cost(built, self.overlap, ahead=0)
-            self._priced[key] = (built, step, None if unprofitable(Curve(curve)) else step)
+            self._priced[key] = Prices(built, step, None if unprofitable(Curve(curve)) else step, whole)
         return self._priced[key]
 
     def built(self, rows: int, slots: int = 0, flat: bool = False) -> CostFn:
         """A pass built once the one before was read, as the grid timed it (`flat`: one row's
         drafts, relative to its share of a plain step)."""
-        return self._at(rows, slots, flat)[0]
+        return self._at(rows, slots, flat).built
 
-    def queued(self, rows: int, slots: int = 0) -> CostFn:
-        """A pass queued behind the one in flight: the host's work overlaps it."""
-        built = self.built(rows, slots)
-        return lambda k: built(k) - self.overlap
+    def whole(self, rows: int, slots: int = 0, flat: bool = False, queued: bool = False) -> CostFn:
+        """The pass: padded, of k + 1 positions a row; `flat`, of k more positions in all;
+        `queued` behind the one in flight, where the host's work overlaps it."""
+        whole = self._at(rows, slots, flat).whole
+        return (lambda k: whole(k) - self.overlap) if queued else whole
 
     def step(self, rows: int, slots: int = 0, flat: bool = False) -> CostFn:
-        return self._at(rows, slots, flat)[1]
+        return self._at(rows, slots, flat).step
 
     def drafting(self, rows: int, slots: int = 0, flat: bool = False) -> CostFn | None:
-        return self._at(rows, slots, flat)[2]
+        return self._at(rows, slots, flat).drafting
 
 
-def _own(built: CostFn, rows: int) -> CostFn:
-    """A row's k drafts in a flat pass, relative to its share of a plain step: the step costs
-    what every row drafting ceil(k / rows) costs (`built`), and the row pays all of that. Not
-    the line through the grid's widths: a CPU's first position past a plain step costs most of
-    a row's share (SmolLM2 at 8 rows: 9 positions 1.13 plain steps, 16 positions 1.22-1.38)."""
-    return lambda k: 1.0 + rows * (built(-(-k // rows)) - 1.0)
+def _own(whole: CostFn, rows: int) -> CostFn:
+    """A row's k drafts in a flat pass (`whole`: by the positions it adds), relative to its share
+    of a plain step: it pays all the pass costs more."""
+    return lambda k: 1.0 + rows * (whole(k) - 1.0)
+
+
+def _ceiling(built: CostFn, rows: int) -> CostFn:
+    """A flat pass of k more positions where none was timed: the padded one of every row
+    drafting ceil(k / rows). Not the line through the grid's widths: a CPU's first position
+    past a plain step costs most of a row's share (SmolLM2 at 8 rows: 9 positions 1.13 plain
+    steps, 16 positions 1.22-1.38)."""
+    return lambda k: built(-(-k // rows))
+
+
+def feeds_flat(pricing: Pricing | None, fed: list[int], slots: int) -> bool:
+    """Whether a pass whose rows feed `fed` positions (over `slots` slots) costs less fed flat
+    than padded to the widest, as priced; unpriced, where the padded one is wider than
+    1 + ceil(extra positions / rows), what the untimed flat price says."""
+    rows, width, extra = len(fed), max(fed), sum(fed) - len(fed)
+    if pricing is None:
+        return width > 1 - (-extra // rows)
+    return pricing.whole(rows, slots, flat=True)(extra) < pricing.whole(rows, slots)(width - 1)
 
 
 def best_width(coming: list[Coming], cost: CostFn, queued: bool = False, every: bool = False) -> int:
@@ -90,14 +129,15 @@ def _plan(coming: list[Coming], pricing: Pricing, count: int, slots: int, queued
     """Each row's drafts in a pass over `count` rows (`queued` behind the one in flight, or built
     after it), and the tokens the pass yields for its cost: padded, the one width that yields
     most; `flat`, each row the length that yields most for its own cost."""
-    whole = pricing.queued(count, slots) if queued else pricing.built(count, slots)
     if not flat:
+        whole = pricing.whole(count, slots, queued=queued)
         k = best_width(coming, whole, queued, every=True)
         return [k] * len(coming), _yield(coming, k, whole, queued)
     own = pricing.built(count, slots, flat=True)
     ks = [max(range((len(c.drafts) if queued else c.reach) + 1), key=lambda k: c.held(k, queued) / own(k))
           for c in coming]
-    return ks, sum(c.held(k, queued) for c, k in zip(coming, ks)) / whole(-(-sum(ks) // count))
+    whole = pricing.whole(count, slots, flat=True, queued=queued)
+    return ks, sum(c.held(k, queued) for c, k in zip(coming, ks)) / whole(sum(ks))
 
 
 def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int,
@@ -117,7 +157,7 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
         return [r.seq.step_draft(on=True) for r in rows]
     cost = pricing.drafting(count, slots, flat)
     drafts = []
-    for r, may in zip(rows, _may_draft(rows, pricing, count, slots)):
+    for r, may in zip(rows, _may_draft(rows, pricing, count, slots, flat)):
         if r.own_cost is not None and cost is not None:
             _price(r.seq.drafter, cost)
         drafts.append(r.seq.step_draft(on=may))
@@ -137,7 +177,7 @@ def behind_drafts(rows: list[Row], drafts: list[list[int]], pricing: Pricing | N
     lone sequence's own cost), a plain pass is queued behind a plain one where no row would
     draft. ("Any row would draft" ran a third of chat's steps synchronously for drafts the width
     then cut to nothing.)"""
-    may = _may_draft(rows, pricing, count, slots)
+    may = _may_draft(rows, pricing, count, slots, flat)
     coming = [r.seq.coming(d, on) for r, d, on in zip(rows, drafts, may)]
     if pricing is None:
         plain = all(c.whole == 1.0 and not c.reach for c in coming)
@@ -148,11 +188,12 @@ def behind_drafts(rows: list[Row], drafts: list[list[int]], pricing: Pricing | N
     return [c.drafts[:k] for c, k in zip(coming, ks)]
 
 
-def _may_draft(rows: list[Row], pricing: Pricing | None, count: int, slots: int) -> list[bool]:
+def _may_draft(rows: list[Row], pricing: Pricing | None, count: int, slots: int,
+               flat: bool = False) -> list[bool]:
     """Whether each row may draft at this batch size: every row alone or unpriced (by its own
     cost); with more rows, an adaptive drafter where some draft can pay here, and a fixed-length
     one always (it drafts as told)."""
-    on = pricing is None or count == 1 or pricing.drafting(count, slots) is not None
+    on = pricing is None or count == 1 or pricing.drafting(count, slots, flat) is not None
     return [on or r.own_cost is None for r in rows]
 
 

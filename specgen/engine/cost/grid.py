@@ -2,8 +2,9 @@
 
 A step over B rows of T positions each is timed on a ragged batch (batch/cache.py) for every
 row count up to the batch's largest, at the widths a draft could pay at, and at two rows over a
-long cache (`measure`); `load_or_measure` caches it beside the single-sequence curve (a larger
-batch later adds row counts). batch.py prices drafts by it.
+long cache (`measure`); where the model's passes may be fed flat (batch/probe.py), so is a step
+of B rows one of which feeds E more positions. `load_or_measure` caches it beside the
+single-sequence curve (a larger batch later adds row counts). cost/batch.py prices drafts by it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from specgen.engine.batch.cache import RaggedBatch
+from specgen.engine.batch.probe import probe
 from specgen.engine.cost.calibrate import CONTEXT, SAMPLE
 from specgen.engine.cost.curve import cannot_pay
 from specgen.engine.cost.store import batch_calibration_file, entry_key, read_store, save_entry
@@ -28,30 +30,50 @@ BUDGET_S = 4.0  # about how long the rounds past the fewest may take, over all r
 ROUNDS = (3, 25)  # fewest and most rounds of every width, for each row count
 LONG = 1024  # cache slots of the second timing, which prices the slots a step attends over
 
-Grid = dict[int, dict[int, float]]  # rows -> positions per row -> seconds of a step
+Grid = dict[int, dict[int, float]]  # rows -> positions per row (or added, flat) -> seconds of a step
 
 
 class Measured(NamedTuple):
     """A grid timed over a cache of CONTEXT slots, and what each further slot adds to a step:
     `slot_s` seconds per row, plus `position_slot_s` per row and position. (Every row attends over
     the whole buffer: on a CPU a wide step over 8 rows costs 2.9x a plain one at 32 slots and
-    4.3x at 1024; docs/design.md.)"""
+    4.3x at 1024; docs/design.md.) `flat`: rows -> positions one row adds to a step fed flat ->
+    seconds (empty where the model's passes are never fed flat, or it was not timed)."""
 
     grid: Grid
     slot_s: float = 0.0
     position_slot_s: float = 0.0
+    flat: Grid = {}
 
     def seconds(self, rows: int, slots: int) -> dict[int, float]:
         """A step's seconds by width at `rows` rows over `slots` cache slots: between two timed
         row counts, the line through them (at the widths the larger was timed at); past the
         largest, the largest's."""
-        sizes = sorted(self.grid)
-        hi = next((b for b in sizes if b >= rows), sizes[-1])
-        lo = max((b for b in sizes if b <= rows), default=hi)
-        at = (min(rows, hi) - lo) / (hi - lo) if hi > lo else 1.0
-        more = max(0, slots - CONTEXT) * min(rows, hi)
-        return {w: self.grid[lo].get(w, s) + at * (s - self.grid[lo].get(w, s))
-                + more * (self.slot_s + w * self.position_slot_s) for w, s in self.grid[hi].items()}
+        rows, by_width = _between(self.grid, rows)
+        more = max(0, slots - CONTEXT) * rows
+        return {w: s + more * (self.slot_s + w * self.position_slot_s) for w, s in by_width.items()}
+
+    def flat_seconds(self, rows: int, slots: int) -> dict[int, float]:
+        """A flat step's seconds at `rows` rows over `slots` cache slots, by the positions one row
+        feeds (1: a plain step; 1 + E: E more, each over that row's slots), as `seconds` reads the
+        grid; {} where no flat step was timed."""
+        if not self.flat:
+            return {}
+        plain = self.seconds(rows, slots)[1]
+        rows, by_extra = _between(self.flat, rows)
+        more = max(0, slots - CONTEXT) * self.position_slot_s
+        return {1: plain, **{1 + e: s + plain - self.seconds(rows, CONTEXT)[1] + e * more
+                             for e, s in by_extra.items()}}
+
+
+def _between(grid: Grid, rows: int) -> tuple[int, dict[int, float]]:
+    """`grid` at `rows` rows: between two timed row counts, the line through them (at the keys the
+    larger was timed at); past the largest, the largest's; and the rows that is (at most it)."""
+    sizes = sorted(grid)
+    hi = next((b for b in sizes if b >= rows), sizes[-1])
+    lo = max((b for b in sizes if b <= rows), default=hi)
+    at = (min(rows, hi) - lo) / (hi - lo) if hi > lo else 1.0
+    return min(rows, hi), {w: grid[lo].get(w, s) + at * (s - grid[lo].get(w, s)) for w, s in grid[hi].items()}
 
 
 def measure(model, sample: list[int], max_rows: int, budget_s: float | None = None, every: int = 0) -> Measured:
@@ -60,16 +82,19 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     its drafts be too long). Widths are timed in increasing order, no wider once two in a row cost
     nearly as much as that many plain steps (curve.cannot_pay), nor past SURE where the rounds
     would overrun the budget; each is the median of ROUNDS[0] rounds, or more up to SURE while
-    the budget lasts. Then two rows over LONG slots (the entries copied over, not computed: only
-    the shapes matter) at widths 1 and up to SURE give the cost of a slot. `every`: steps run
-    eagerly so (decode/eager.py), as batch.py runs a step nothing runs ahead of."""
+    the budget lasts. Where the model's passes may be fed flat, so is a step of B rows one of
+    which feeds E more positions (EXTRA), by the same rules, as a row's share of the step sees
+    them. Then two rows over LONG slots (the entries copied over, not computed: only the shapes
+    matter) at widths 1 and up to SURE give the cost of a slot. `every`: steps run eagerly so
+    (decode/eager.py), as batch.py runs a step nothing runs ahead of."""
     budget_s = BUDGET_S if budget_s is None else budget_s
     tokens = (sample * CONTEXT)[:CONTEXT]
     solo = make_prompt_cache(model)
     model(mx.array([tokens[:-1]], mx.uint32), cache=solo)
     mx.eval([c.state for c in solo])
-    counts = _counts(max_rows)
+    counts, flat = _counts(max_rows), probe(model).flat
     grid: Grid = {}
+    flats: Grid = {}
     start = time.perf_counter()
 
     def share(n: int) -> float:  # the n-th row count's share of what is left of the budget
@@ -79,28 +104,43 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
         step = _timer(model, solo, rows, tokens, every)
         ahead = share(n)
         step(1)  # warm-up: kernels compiled, buffers allocated
-        first = {1: step(1)}
-        for w in WIDTHS[1:]:
-            widest = max(first)
-            if w > SURE and (1 + ROUNDS[0]) * first[widest] * w / widest > ahead:
-                break  # its rounds would take this row count's share of the budget: extrapolated
-            step(w)  # its kernels compiled first: a cold width looks dear (seconds on MLX's CUDA build)
-            first[w] = step(w)
-            if cannot_pay(first):
-                break
-        # Rounds past the fewest for the widths up to SURE, in what the wider ones leave.
-        wide_s = (ROUNDS[0] - 1) * sum(t for w, t in first.items() if w > SURE)
-        narrow_s = sum(t for w, t in first.items() if w <= SURE)
+        first = _widths(step, ahead, lambda w: (w, 0))
+        if flat and rows > 1:  # one row's positions, seen as its share of the step (1: the plain one)
+            plain = first[1, 0]
+            first |= _widths(lambda p: step(1, p - 1), ahead, lambda p: (1, p - 1),
+                             lambda t: t - plain * (rows - 1) / rows)
+        # Rounds past the fewest for the steps up to SURE, in what the wider ones leave.
+        wide = lambda key: max(key[0], key[1]) > SURE  # noqa: E731
+        wide_s = (ROUNDS[0] - 1) * sum(t for key, t in first.items() if wide(key))
+        narrow_s = sum(t for key, t in first.items() if not wide(key))
         rounds = max(ROUNDS[0], min(ROUNDS[1], int((share(n) - wide_s) / narrow_s)))
-        times = {w: [t] for w, t in first.items()}
+        times = {key: [t] for key, t in first.items()}
         step(1)  # not timed: a pass right after a wide one ran ~15% slow on this CPU
-        for wide, more in ((False, rounds - 1), (True, ROUNDS[0] - 1)):  # the wide ones last, apart
+        for wider, more in ((False, rounds - 1), (True, ROUNDS[0] - 1)):  # the wide ones last, apart
             for _ in range(more):
-                for w, taken in times.items():
-                    if (w > SURE) == wide:
-                        taken.append(step(w))
-        grid[rows] = {w: statistics.median(v) for w, v in times.items()}
-    return Measured(grid, *_per_slot(model, solo, tokens, grid[2]))
+                for key, taken in times.items():
+                    if wide(key) == wider:
+                        taken.append(step(*key))
+        grid[rows] = {w: statistics.median(v) for (w, e), v in times.items() if not e}
+        if any(e for _, e in times):
+            flats[rows] = {e: statistics.median(v) for (_, e), v in times.items() if e}
+    return Measured(grid, *_per_slot(model, solo, tokens, grid[2]), flats)
+
+
+def _widths(step: Callable[..., float], ahead: float, key: Callable[[int], tuple[int, int]],
+            seen: Callable[[float], float] = lambda t: t) -> dict[tuple[int, int], float]:
+    """One timing of each width in WIDTHS (a `key`'s step) until no wider one can pay, as its
+    seconds are `seen` (curve.cannot_pay), or its rounds would take more than `ahead` seconds."""
+    first = {1: step(1)}
+    for w in WIDTHS[1:]:
+        widest = max(first)
+        if w > SURE and (1 + ROUNDS[0]) * first[widest] * w / widest > ahead:
+            break  # its rounds would take this row count's share of the budget: extrapolated
+        step(w)  # its kernels compiled first: a cold width looks dear (seconds on MLX's CUDA build)
+        first[w] = step(w)
+        if cannot_pay({w: seen(t) for w, t in first.items()}):
+            break
+    return {key(w): t for w, t in first.items()}
 
 
 def _per_slot(model, solo: list, tokens: list[int], two: dict[int, float]) -> tuple[float, float]:
@@ -136,16 +176,20 @@ def _counts(max_rows: int) -> list[int]:
     return list(ROWS[: n + 1])
 
 
-def _timer(model, solo: list, rows: int, tokens: list[int], every: int = 0) -> Callable[[int], float]:
-    """A function timing one step of `rows` rows (each holding what `solo` holds) by width, run
-    eagerly every `every` layers (decode/eager.py)."""
+def _timer(model, solo: list, rows: int, tokens: list[int], every: int = 0) -> Callable[..., float]:
+    """A function timing one step of `rows` rows (each holding what `solo` holds) by width, or fed
+    flat with the first row feeding `extra` more positions, run eagerly every `every` layers
+    (decode/eager.py)."""
     batch = RaggedBatch(len(solo))
     batch.add([solo] * rows)
 
-    def step(width: int) -> float:
+    def step(width: int, extra: int = 0) -> float:
         # Nothing is committed: every timed pass writes the same slots over again.
-        batch.slots.begin([width] * rows)
-        x = mx.array([(tokens * width)[:width]] * rows, mx.uint32)
+        fed = [width + extra] + [width] * (rows - 1)
+        batch.slots.begin(fed, flat=bool(extra))
+        x = mx.array([(tokens * fed[0])[: fed[0]]] * rows, mx.uint32)
+        if extra:
+            x = x.reshape(-1)[batch.slots.flat.whole.take][:, None]
         t = time.perf_counter()
         with eager(batch.layers, every):
             logits = model(x, cache=batch.layers)
@@ -157,35 +201,38 @@ def _timer(model, solo: list, rows: int, tokens: list[int], every: int = 0) -> C
 
 def _valid(entry) -> Measured | None:
     try:
-        grid = {int(b): {int(t): float(s) for t, s in row.items()} for b, row in entry["grid"].items()}
+        grid, flat = ({int(b): {int(t): float(s) for t, s in row.items()} for b, row in entry.get(k, {}).items()}
+                      for k in ("grid", "flat"))
         per_slot = float(entry["slot_s"]), float(entry["position_slot_s"])
     except (AttributeError, KeyError, ValueError, TypeError):
         return None
     ok = grid and all(1 in row and len(row) >= 2 and all(s > 0 for s in row.values())
-                      for row in grid.values())
-    return Measured(grid, *per_slot) if ok and min(per_slot) >= 0 else None
+                      for row in grid.values()) and all(s > 0 for row in flat.values() for s in row.values())
+    return Measured(grid, *per_slot, flat) if ok and min(per_slot) >= 0 else None
 
 
 def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibrate: bool = False,
                     before_measuring=lambda: None, every: int = 0) -> tuple[Measured, str | None]:
     """This model's step costs on this machine from the cache, or measured and cached (the row
-    counts for `max_rows`: a cached grid of fewer is measured again; steps run eagerly every
-    `every` layers, as the single-sequence curve says, measured again with it); and a warning
-    where the cache cannot be written."""
+    counts for `max_rows`, flat steps too where the model's may be: a cached grid of fewer is
+    measured again; steps run eagerly every `every` layers, as the single-sequence curve says,
+    measured again with it); and a warning where the cache cannot be written."""
     path = batch_calibration_file()
     key = entry_key(model_key)
     try:
         cached = None if recalibrate else _valid(read_store(path).get(key))
     except (OSError, ValueError):
         cached = None
-    if cached is not None and set(_counts(max_rows)) <= set(cached.grid):
+    counts = set(_counts(max_rows))
+    flat = counts - {1} if probe(model).flat else set()  # a cache from before flat steps were timed lacks them
+    if cached is not None and counts <= set(cached.grid) and flat <= set(cached.flat):
         return cached, None
     before_measuring()
     measured = measure(model, list(tokenizer.encode(SAMPLE)) or [0], max_rows, every=every)
     try:
-        stored = {str(b): {str(t): s for t, s in row.items()} for b, row in measured.grid.items()}
-        save_entry(path, key, {"grid": stored, "slot_s": measured.slot_s,
-                               "position_slot_s": measured.position_slot_s})
+        stored = {k: {str(b): {str(t): s for t, s in row.items()} for b, row in g.items()}
+                  for k, g in (("grid", measured.grid), ("flat", measured.flat))}
+        save_entry(path, key, {**stored, "slot_s": measured.slot_s, "position_slot_s": measured.position_slot_s})
     except OSError as e:
         return measured, f"cannot save the batch calibration to {path} ({e.strerror or e})"
     return measured, None

@@ -15,6 +15,7 @@ from specgen.engine.batch.cache import unbatchable
 from specgen.engine.cost import grid
 from specgen.engine.cost.batch import Pricing
 from specgen.engine.cost.grid import Measured, load_or_measure, measure
+from specgen.engine.cost.store import batch_calibration_file, entry_key, read_store, save_entry
 from specgen.engine.decode.sampling import make_selector
 from specgen.errors import InputError
 from specgen.events import Prefilled, Step
@@ -290,8 +291,9 @@ def test_a_grid_covers_every_row_count_of_the_batch_and_is_read_back(stories, mo
     measured = []
     first, _ = load_or_measure(stories.model, "m", stories.tokenizer, 8,
                                before_measuring=lambda: measured.append(1))
-    # Even with no budget to spare: a size left out would be priced as a smaller one.
-    assert sorted(first.grid) == [1, 2, 4, 8] and measured == [1]
+    # Even with no budget to spare: a size left out would be priced as a smaller one. Its
+    # passes may be fed flat: so are steps timed, at every size of more than one row.
+    assert sorted(first.grid) == [1, 2, 4, 8] and sorted(first.flat) == [2, 4, 8] and measured == [1]
     for rows in (2, 5, 8):
         again, _ = load_or_measure(stories.model, "m", stories.tokenizer, rows,
                                    before_measuring=lambda: measured.append(2))
@@ -300,6 +302,12 @@ def test_a_grid_covers_every_row_count_of_the_batch_and_is_read_back(stories, mo
     more, _ = load_or_measure(stories.model, "m", stories.tokenizer, 12,
                               before_measuring=lambda: measured.append(3))
     assert sorted(more.grid) == [1, 2, 4, 8, 16] and measured == [1, 3]
+    # A grid cached before flat steps were timed is timed again, not priced as padded.
+    path, key = batch_calibration_file(), entry_key("m")
+    save_entry(path, key, {k: v for k, v in read_store(path)[key].items() if k != "flat"})
+    again, _ = load_or_measure(stories.model, "m", stories.tokenizer, 12,
+                               before_measuring=lambda: measured.append(4))
+    assert measured == [1, 3, 4] and sorted(again.flat) == [2, 4, 8, 16]
 
 def test_a_dropped_long_prompt_leaves_the_batch_between_layers_and_the_others_go_on():
     model = tiny_model("llama", num_hidden_layers=6)

@@ -1,8 +1,9 @@
 """Passes fed flat (engine/batch/slots.py's `Flat`): where rows draft different lengths, each
 feeds only its own positions and still emits what it emits alone; a row's drafts are priced by
-its own share of such a step, so a row whose drafter trusts a copy drafts beside rows that draft
-nothing; a model whose layers cannot take it (state layers, attention the wrapper does not see)
-is fed padded."""
+its own share of such a step, as the flat steps were timed, so a row whose drafter trusts a copy
+drafts beside rows that draft nothing where that pays; a pass is fed flat where that costs less;
+a model whose layers cannot take it (state layers, attention the wrapper does not see) is fed
+padded."""
 
 import pytest
 from conftest import CYCLE, Steered, tiny_model
@@ -12,8 +13,8 @@ from test_batch_kinds import solo
 
 from specgen.engine.batch.batch import Batch
 from specgen.engine.batch.probe import probe
-from specgen.engine.cost.batch import Pricing
-from specgen.engine.cost.grid import Measured
+from specgen.engine.cost.batch import Pricing, feeds_flat
+from specgen.engine.cost.grid import Measured, measure
 from specgen.engine.decode.sampling import make_selector
 
 
@@ -72,3 +73,40 @@ def test_a_row_that_trusts_its_drafts_drafts_beside_rows_that_draft_nothing(over
         assert [got[i] for i in range(4)] == expected
         accepted[flat] = sum(s.accepted for s in events[0])
     assert accepted[True] > 20 and accepted[True] > 3 * accepted[False]
+
+
+# Four rows: a step of 2 positions a row costs 1.3 plain ones, as above.
+GRID = {1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, 4: {1: 1.0, 2: 1.3, 4: 1.93, 8: 3.15}}
+
+
+def test_a_row_drafts_beside_plain_rows_only_where_the_timed_flat_steps_say_it_pays():
+    # One row's more positions timed nearly free (a GPU), and each costing a row's share or more
+    # (SmolLM2 float32 at 8 rows on this CPU, where drafting beside plain rows made 8 rows 10-25%
+    # slower than plain decoding, priced from the padded grid).
+    cheap = Pricing(Measured(GRID, flat={4: {1: 1.02, 3: 1.05, 7: 1.1, 15: 1.2}}))
+    dear = Pricing(Measured(GRID, flat={4: {1: 1.3, 3: 1.9, 7: 3.1}}))
+    model = Steered(tiny_model("llama"), 6.0)
+    prompts = [CYCLE * 3, [40, 41], [300], [7, 8, 9]]
+    rows = [dict(prompt=p, max_tokens=40, stop_tokens=frozenset(), draft=d, adaptive=d == 64,
+                 selector=make_selector(0)) for p, d in zip(prompts, (64, 0, 0, 0))]
+    expected = [solo(model, r) for r in rows]
+    accepted = {}
+    for name, pricing in (("cheap", cheap), ("dear", dear)):
+        got, _, events = batched(Batch(model, max_rows=4, pricing=pricing), rows, arrive=[0] * 4)
+        assert [got[i] for i in range(4)] == expected
+        accepted[name] = sum(s.accepted for s in events[0])
+    assert accepted["cheap"] > 20 and accepted["dear"] == 0
+
+
+def test_a_pass_is_fed_flat_where_that_costs_less():
+    # Untimed, flat where it saves a width: one row's 4 drafts cost what a step 2 wide costs.
+    assert feeds_flat(None, [5, 1, 1, 1], 0) and not feeds_flat(None, [2, 1, 1, 1], 0)
+    # Timed: one more position flat (1.1) beats a padded step 2 wide (1.3); four more flat
+    # (about 2.5) lose to one 5 wide (about 2.2).
+    assert feeds_flat(Pricing(Measured(GRID, flat={4: {1: 1.1, 3: 1.2}})), [2, 1, 1, 1], 0)
+    assert not feeds_flat(Pricing(Measured(GRID, flat={4: {1: 1.4, 3: 2.2, 7: 3.5}})), [5, 1, 1, 1], 0)
+
+
+def test_flat_steps_are_timed_only_for_models_whose_passes_may_be_fed_flat():
+    assert sorted(measure(tiny_model("llama"), [5, 6, 7], max_rows=2, budget_s=0.0).flat) == [2]
+    assert measure(tiny_model("qwen3_next"), [5, 6, 7], max_rows=2, budget_s=0.0).flat == {}
