@@ -104,22 +104,19 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
         step = _timer(model, solo, rows, tokens, every)
         ahead = share(n)
         step(1)  # warm-up: kernels compiled, buffers allocated
-        first = _widths(step, ahead, lambda w: (w, 0))
-        if flat and rows > 1:  # one row's positions, seen as its share of the step (1: the plain one)
-            plain = first[1, 0]
-            first |= _widths(lambda p: step(1, p - 1), ahead, lambda p: (1, p - 1),
-                             lambda t: t - plain * (rows - 1) / rows)
+        first = _widths(step, ahead)
+        if flat and rows > 1:
+            first |= _widths(step, ahead, beside=first[1, 0] * (rows - 1) / rows)
         # Rounds past the fewest for the steps up to SURE, in what the wider ones leave.
-        wide = lambda key: max(key[0], key[1]) > SURE  # noqa: E731
-        wide_s = (ROUNDS[0] - 1) * sum(t for key, t in first.items() if wide(key))
-        narrow_s = sum(t for key, t in first.items() if not wide(key))
+        wide_s = (ROUNDS[0] - 1) * sum(t for key, t in first.items() if _wide(key))
+        narrow_s = sum(t for key, t in first.items() if not _wide(key))
         rounds = max(ROUNDS[0], min(ROUNDS[1], int((share(n) - wide_s) / narrow_s)))
         times = {key: [t] for key, t in first.items()}
         step(1)  # not timed: a pass right after a wide one ran ~15% slow on this CPU
         for wider, more in ((False, rounds - 1), (True, ROUNDS[0] - 1)):  # the wide ones last, apart
             for _ in range(more):
                 for key, taken in times.items():
-                    if wide(key) == wider:
+                    if _wide(key) == wider:
                         taken.append(step(*key))
         grid[rows] = {w: statistics.median(v) for (w, e), v in times.items() if not e}
         if any(e for _, e in times):
@@ -127,20 +124,27 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     return Measured(grid, *_per_slot(model, solo, tokens, grid[2]), flats)
 
 
-def _widths(step: Callable[..., float], ahead: float, key: Callable[[int], tuple[int, int]],
-            seen: Callable[[float], float] = lambda t: t) -> dict[tuple[int, int], float]:
-    """One timing of each width in WIDTHS (a `key`'s step) until no wider one can pay, as its
-    seconds are `seen` (curve.cannot_pay), or its rounds would take more than `ahead` seconds."""
+def _widths(step: Callable[..., float], ahead: float, beside: float | None = None) -> dict[tuple[int, int], float]:
+    """One timing of each width in WIDTHS, by (positions a row, more the first row feeds), until
+    no wider one can pay (curve.cannot_pay) or its rounds would take more than `ahead` seconds.
+    `beside`: fed flat, the first row feeding the width, the others one position each; seen as
+    the step less the others' share of a plain one (`beside` seconds)."""
+    key = (lambda w: (w, 0)) if beside is None else (lambda w: (1, w - 1))
     first = {1: step(1)}
     for w in WIDTHS[1:]:
         widest = max(first)
         if w > SURE and (1 + ROUNDS[0]) * first[widest] * w / widest > ahead:
             break  # its rounds would take this row count's share of the budget: extrapolated
-        step(w)  # its kernels compiled first: a cold width looks dear (seconds on MLX's CUDA build)
-        first[w] = step(w)
-        if cannot_pay({w: seen(t) for w, t in first.items()}):
+        step(*key(w))  # its kernels compiled first: a cold width looks dear (seconds on MLX's CUDA build)
+        first[w] = step(*key(w))
+        if cannot_pay({w: t - (beside or 0.0) for w, t in first.items()}):
             break
     return {key(w): t for w, t in first.items()}
+
+
+def _wide(key: tuple[int, int]) -> bool:
+    """Whether a step (positions a row, more the first row feeds) is timed past SURE."""
+    return max(key) > SURE
 
 
 def _per_slot(model, solo: list, tokens: list[int], two: dict[int, float]) -> tuple[float, float]:
