@@ -24,15 +24,17 @@ BUCKET = 128  # slots are priced in steps of this many (drafters rebuild their t
 
 class Prices(NamedTuple):
     """What a batched step at some rows and slots costs, relative to a plain one: `built`, a step
-    drafting k a row, built once the one before was read (fed flat: one row's k drafts, relative
-    to its share of a plain step); `step`, what drafters weigh that with; `drafting`, that, or None
-    where no draft can pay; `whole`, the pass (padded: k + 1 positions a row; flat: k more
-    positions in all)."""
+    of k drafts a row, built once the one before was read (fed flat, the cheaper of that step
+    padded and flat); `step`, what drafters weigh that with; `drafting`, that, or None where no
+    draft can pay; `whole`, the pass (padded: k + 1 positions a row; flat: k more positions in
+    all); `own`, one row's k drafts beside rows that draft none, relative to its share of a plain
+    step (flat: it pays all the pass costs more)."""
 
     built: CostFn
     step: CostFn
     drafting: CostFn | None
     whole: CostFn
+    own: CostFn
 
 
 class Pricing:
@@ -45,9 +47,9 @@ class Pricing:
     steps queued, a draft's verdict read before the next); `drafting`, that, or None where
     drafting cannot pay (cost.unprofitable): the step is then plain batched decoding. The grid's
     steps ran eagerly every `eager` layers (Curve.eager), as batch.py runs a step nothing runs
-    ahead of. Fed flat, a row's drafts cost what the timed flat steps say one row's more
-    positions cost (Measured.flat_seconds); untimed, what the padded step every row drafting
-    ceil(k / rows) costs."""
+    ahead of. Fed flat, k more positions cost what the timed flat steps say (Measured.flat_seconds;
+    untimed, what the padded step of every row drafting ceil(k / rows) costs), where that is less
+    than the padded pass."""
 
     def __init__(self, measured: Measured, overlap: float = 0.0, eager: int = 0):
         self.measured, self.overlap, self.eager = measured, overlap, eager
@@ -59,20 +61,24 @@ class Pricing:
         if key not in self._priced:
             rows, slots = key[:2]
             curve = relative(self.measured.seconds(rows, slots))
-            whole = built = cost_function(curve)
+            whole = built = own = cost_function(curve)
             if flat:
                 timed = relative(self.measured.flat_seconds(rows, slots))
                 whole = cost_function(timed) if timed else _ceiling(built, rows)
-                built = _own(whole, rows)
-                curve = {n: built(n - 1) for n in timed or curve}
+                built, own = _cheaper(whole, built, rows), _alone(whole, built, rows)
+                curve = {n: built(n - 1) for n in curve}
             step = drafting_cost(built, self.overlap, ahead=0)
-            self._priced[key] = Prices(built, step, None if unprofitable(Curve(curve)) else step, whole)
+            self._priced[key] = Prices(built, step, None if unprofitable(Curve(curve)) else step, whole, own)
         return self._priced[key]
 
     def built(self, rows: int, slots: int = 0, flat: bool = False) -> CostFn:
-        """A pass built once the one before was read, as the grid timed it (`flat`: one row's
-        drafts, relative to its share of a plain step)."""
+        """A pass of k drafts a row built once the one before was read, as the grid timed it
+        (`flat`: fed flat where that costs less)."""
         return self._at(rows, slots, flat).built
+
+    def own(self, rows: int, slots: int = 0, flat: bool = False) -> CostFn:
+        """One row's k drafts beside rows that draft none, relative to its share of a plain step."""
+        return self._at(rows, slots, flat).own
 
     def whole(self, rows: int, slots: int = 0, flat: bool = False, queued: bool = False) -> CostFn:
         """The pass: padded, of k + 1 positions a row; `flat`, of k more positions in all;
@@ -87,10 +93,16 @@ class Pricing:
         return self._at(rows, slots, flat).drafting
 
 
-def _own(whole: CostFn, rows: int) -> CostFn:
-    """A row's k drafts in a flat pass (`whole`: by the positions it adds), relative to its share
-    of a plain step: it pays all the pass costs more."""
-    return lambda k: 1.0 + rows * (whole(k) - 1.0)
+def _cheaper(flat: CostFn, padded: CostFn, rows: int) -> CostFn:
+    """Every row drafting k, in a pass fed flat (by the positions it adds) or padded, whichever
+    costs less."""
+    return lambda k: min(flat(rows * k), padded(k))
+
+
+def _alone(flat: CostFn, padded: CostFn, rows: int) -> CostFn:
+    """One row's k drafts beside rows that draft none, relative to its share of a plain step: it
+    pays all the pass (flat or padded, whichever costs less) costs more."""
+    return lambda k: 1.0 + rows * (min(flat(k), padded(k)) - 1.0)
 
 
 def _ceiling(built: CostFn, rows: int) -> CostFn:
@@ -127,17 +139,24 @@ def _yield(coming: list[Coming], k: int, cost: CostFn, queued: bool) -> float:
 def _plan(coming: list[Coming], pricing: Pricing, count: int, slots: int, queued: bool,
           flat: bool) -> tuple[list[int], float]:
     """Each row's drafts in a pass over `count` rows (`queued` behind the one in flight, or built
-    after it), and the tokens the pass yields for its cost: padded, the one width that yields
-    most; `flat`, each row the length that yields most for its own cost."""
+    after it), and the tokens the pass yields for its cost. Padded, the one width that yields
+    most. `flat`, the best of: that width; each row the length that yields most for its own
+    cost, as if it alone drafted; every row all its drafts (rows that draft together share what
+    the pass costs more). A flat plan costs the cheaper of the pass fed flat and padded."""
+    padded = pricing.whole(count, slots, queued=queued)
+    k = best_width(coming, padded, queued, every=True)
     if not flat:
-        whole = pricing.whole(count, slots, queued=queued)
-        k = best_width(coming, whole, queued, every=True)
-        return [k] * len(coming), _yield(coming, k, whole, queued)
-    own = pricing.built(count, slots, flat=True)
-    ks = [max(range((len(c.drafts) if queued else c.reach) + 1), key=lambda k: c.held(k, queued) / own(k))
-          for c in coming]
-    whole = pricing.whole(count, slots, flat=True, queued=queued)
-    return ks, sum(c.held(k, queued) for c, k in zip(coming, ks)) / whole(sum(ks))
+        return [k] * len(coming), _yield(coming, k, padded, queued)
+    reach = [len(c.drafts) if queued else c.reach for c in coming]
+    own, spread = pricing.own(count, slots, flat=True), pricing.whole(count, slots, flat=True, queued=queued)
+    alone = [max(range(n + 1), key=lambda j: c.held(j, queued) / own(j)) for c, n in zip(coming, reach)]
+
+    def worth(ks: list[int]) -> float:
+        return (sum(c.held(j, queued) for c, j in zip(coming, ks))
+                / min(spread(sum(ks)), padded(max(ks, default=0))))
+
+    ks = max([[min(k, n) for n in reach], alone, reach], key=worth)
+    return ks, worth(ks)
 
 
 def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int,
@@ -149,8 +168,8 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
     pays for the widest draft, so the step's width is the one that yields the most tokens for
     its cost over all rows, each row's draft worth what its drafter says (`Sequence.planned`: by
     its acceptance so far, which only drafts move, a row priced out at the priors never drafted),
-    and longer drafts are drafted again to fit it. Fed `flat`, each row pays for its own: it
-    drafts by its share of the step's cost, at its own length."""
+    and longer drafts are drafted again to fit it. Fed `flat`, rows draft by what the step costs
+    where every row drafts, and each keeps the length `_plan` gives it."""
     if pricing is None or count == 1:
         for r in rows:
             _price(r.seq.drafter, r.own_cost)
@@ -161,10 +180,12 @@ def step_drafts(rows: list[Row], pricing: Pricing | None, count: int, slots: int
         if r.own_cost is not None and cost is not None:
             _price(r.seq.drafter, cost)
         drafts.append(r.seq.step_draft(on=may))
+    coming = [r.seq.planned(d) for r, d in zip(rows, drafts)]
     if flat:
-        return drafts
-    k = best_width([r.seq.planned(d) for r, d in zip(rows, drafts)], pricing.step(count, slots))
-    return [d if len(d) <= k else r.seq.step_draft(on=True, most=k) for r, d in zip(rows, drafts)]
+        ks = _plan(coming, pricing, count, slots, False, True)[0]
+    else:
+        ks = [best_width(coming, pricing.step(count, slots))] * len(rows)
+    return [d if len(d) <= k else r.seq.step_draft(on=True, most=k) for r, d, k in zip(rows, drafts, ks)]
 
 
 def behind_drafts(rows: list[Row], drafts: list[list[int]], pricing: Pricing | None, count: int,

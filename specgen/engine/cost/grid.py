@@ -124,7 +124,8 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     return Measured(grid, *_per_slot(model, solo, tokens, grid[2]), flats)
 
 
-def _widths(step: Callable[..., float], ahead: float, beside: float | None = None) -> dict[tuple[int, int], float]:
+def _widths(step: Callable[..., float], ahead: float,
+            beside: float | None = None) -> dict[tuple[int, int], float]:
     """One timing of each width in WIDTHS, by (positions a row, more the first row feeds), until
     no wider one can pay (curve.cannot_pay) or its rounds would take more than `ahead` seconds.
     `beside`: fed flat, the first row feeding the width, the others one position each; seen as
@@ -205,8 +206,8 @@ def _timer(model, solo: list, rows: int, tokens: list[int], every: int = 0) -> C
 
 def _valid(entry) -> Measured | None:
     try:
-        grid, flat = ({int(b): {int(t): float(s) for t, s in row.items()} for b, row in entry.get(k, {}).items()}
-                      for k in ("grid", "flat"))
+        grid, flat = ({int(b): {int(t): float(s) for t, s in row.items()}
+                       for b, row in entry.get(k, {}).items()} for k in ("grid", "flat"))
         per_slot = float(entry["slot_s"]), float(entry["position_slot_s"])
     except (AttributeError, KeyError, ValueError, TypeError):
         return None
@@ -228,7 +229,7 @@ def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibr
     except (OSError, ValueError):
         cached = None
     counts = set(_counts(max_rows))
-    flat = counts - {1} if probe(model).flat else set()  # a cache from before flat steps were timed lacks them
+    flat = counts - {1} if probe(model).flat else set()  # a cache from before flat steps were timed lacks it
     if cached is not None and counts <= set(cached.grid) and flat <= set(cached.flat):
         return cached, None
     before_measuring()
@@ -236,7 +237,8 @@ def load_or_measure(model, model_key: str, tokenizer, max_rows: int, *, recalibr
     try:
         stored = {k: {str(b): {str(t): s for t, s in row.items()} for b, row in g.items()}
                   for k, g in (("grid", measured.grid), ("flat", measured.flat))}
-        save_entry(path, key, {**stored, "slot_s": measured.slot_s, "position_slot_s": measured.position_slot_s})
+        save_entry(path, key, {**stored, "slot_s": measured.slot_s,
+                               "position_slot_s": measured.position_slot_s})
     except OSError as e:
         return measured, f"cannot save the batch calibration to {path} ({e.strerror or e})"
     return measured, None

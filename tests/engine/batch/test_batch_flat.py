@@ -96,6 +96,11 @@ def test_a_row_drafts_beside_plain_rows_only_where_the_timed_flat_steps_say_it_p
         assert [got[i] for i in range(4)] == expected
         accepted[name] = sum(s.accepted for s in events[0])
     assert accepted["cheap"] > 20 and accepted["dear"] == 0
+    # Where every row trusts its drafts they share what the pass costs more: they draft there.
+    rows = [{**r, "prompt": CYCLE[i:] + CYCLE * 2, "draft": 64, "adaptive": True} for i, r in enumerate(rows)]
+    got, _, events = batched(Batch(model, max_rows=4, pricing=dear), rows, arrive=[0] * 4)
+    assert [got[i] for i in range(4)] == [solo(model, r) for r in rows]
+    assert all(sum(s.accepted for s in events[i]) > 10 for i in range(4))
 
 
 def test_a_pass_is_fed_flat_where_that_costs_less():
