@@ -4,8 +4,9 @@
 cache slots, the cost of k + 1 positions per row relative to a plain batched step (curve.py's
 curve rules), and whether any draft can pay there (if not, the step is plain batched decoding);
 `step_drafts` and `behind_drafts` apply it to a step's rows. Where a pass is fed flat (each row
-its own positions, batch.py), each row drafts by what its drafts add to the step as the timed
-flat steps say (`flat` prices), at a length of its own; padded, every row pays for the widest,
+its own positions, batch.py), rows draft by what a step costs where every row drafts (fed flat
+or padded, whichever the timed steps say is cheaper), and the pass keeps for each row the
+length that yields most for the pass's cost (`_plan`); padded, every row pays for the widest,
 so the step chooses one width for all.
 """
 

@@ -83,8 +83,8 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     nearly as much as that many plain steps (curve.cannot_pay), nor past SURE where the rounds
     would overrun the budget; each is the median of ROUNDS[0] rounds, or more up to SURE while
     the budget lasts. Where the model's passes may be fed flat, so is a step of B rows one of
-    which feeds E more positions (EXTRA), by the same rules, as a row's share of the step sees
-    them. Then two rows over LONG slots (the entries copied over, not computed: only the shapes
+    which feeds E more positions (1 + E as the widths), by the same rules, as a row's share of
+    the step sees them. Then two rows over LONG slots (the entries copied over, not computed: only the shapes
     matter) at widths 1 and up to SURE give the cost of a slot. `every`: steps run eagerly so
     (decode/eager.py), as batch.py runs a step nothing runs ahead of."""
     budget_s = BUDGET_S if budget_s is None else budget_s

@@ -51,6 +51,20 @@ def test_only_models_whose_every_layer_takes_a_flat_pass_are_fed_flat(monkeypatc
     assert not probe(tiny_model("deepseek_v3")).flat  # latent attention scores the keys itself
 
 
+# Four rows: a step of 2 positions a row costs 1.3 plain ones.
+GRID = {1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, 4: {1: 1.0, 2: 1.3, 4: 1.93, 8: 3.15}}
+
+
+def beside_plain_rows():
+    """A model, one row walking a cycle its drafter knows beside three that decode plainly, and
+    what each emits alone."""
+    model = Steered(tiny_model("llama"), 6.0)
+    prompts = [CYCLE * 3, [40, 41], [300], [7, 8, 9]]
+    rows = [dict(prompt=p, max_tokens=40, stop_tokens=frozenset(), draft=d, adaptive=d == 64,
+                 selector=make_selector(0)) for p, d in zip(prompts, (64, 0, 0, 0))]
+    return model, rows, [solo(model, r) for r in rows]
+
+
 # Queuing that hides 15% of a step (the passes that carry drafts are mostly queued), and none
 # (they are built once the step before is read).
 @pytest.mark.parametrize("overlap", [0.15, 0.0])
@@ -58,13 +72,8 @@ def test_a_row_that_trusts_its_drafts_drafts_beside_rows_that_draft_nothing(over
     # At 4 rows a step of 2 positions costs 1.3 plain ones. Padded, every row pays for the
     # widest: drafts the cycling row keeps most of the time do not pay for four rows' positions,
     # so it drafts nothing beside three rows that decode plainly. Fed flat, it pays for its own.
-    dear = Pricing(Measured({1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, 4: {1: 1.0, 2: 1.3, 4: 1.93, 8: 3.15}}),
-                   overlap=overlap)
-    model = Steered(tiny_model("llama"), 6.0)
-    prompts = [CYCLE * 3, [40, 41], [300], [7, 8, 9]]
-    rows = [dict(prompt=p, max_tokens=40, stop_tokens=frozenset(), draft=d, adaptive=d == 64,
-                 selector=make_selector(0)) for p, d in zip(prompts, (64, 0, 0, 0))]
-    expected = [solo(model, r) for r in rows]
+    dear = Pricing(Measured(GRID), overlap=overlap)
+    model, rows, expected = beside_plain_rows()
     accepted = {}
     for flat in (False, True):
         batch = Batch(model, max_rows=4, pricing=dear)
@@ -75,21 +84,13 @@ def test_a_row_that_trusts_its_drafts_drafts_beside_rows_that_draft_nothing(over
     assert accepted[True] > 20 and accepted[True] > 3 * accepted[False]
 
 
-# Four rows: a step of 2 positions a row costs 1.3 plain ones, as above.
-GRID = {1: {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, 4: {1: 1.0, 2: 1.3, 4: 1.93, 8: 3.15}}
-
-
 def test_a_row_drafts_beside_plain_rows_only_where_the_timed_flat_steps_say_it_pays():
     # One row's more positions timed nearly free (a GPU), and each costing a row's share or more
     # (SmolLM2 float32 at 8 rows on this CPU, where drafting beside plain rows made 8 rows 10-25%
     # slower than plain decoding, priced from the padded grid).
     cheap = Pricing(Measured(GRID, flat={4: {1: 1.02, 3: 1.05, 7: 1.1, 15: 1.2}}))
     dear = Pricing(Measured(GRID, flat={4: {1: 1.3, 3: 1.9, 7: 3.1}}))
-    model = Steered(tiny_model("llama"), 6.0)
-    prompts = [CYCLE * 3, [40, 41], [300], [7, 8, 9]]
-    rows = [dict(prompt=p, max_tokens=40, stop_tokens=frozenset(), draft=d, adaptive=d == 64,
-                 selector=make_selector(0)) for p, d in zip(prompts, (64, 0, 0, 0))]
-    expected = [solo(model, r) for r in rows]
+    model, rows, expected = beside_plain_rows()
     accepted = {}
     for name, pricing in (("cheap", cheap), ("dear", dear)):
         got, _, events = batched(Batch(model, max_rows=4, pricing=pricing), rows, arrive=[0] * 4)
