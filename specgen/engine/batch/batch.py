@@ -267,26 +267,27 @@ class Batch:
     def _launch(self) -> Pass:
         """This step's pass, read before the next is built: every row's last token (after any
         accepted ones a restored state took back) and its draft."""
-        drafts = step_drafts(self.rows, self.pricing, self.cache.rows, self.cache.slots.reach(), self.flat)
+        slots = self.cache.slots.reach()  # the slots a row attends over, as the pricing reads them
+        drafts = step_drafts(self.rows, self.pricing, self.cache.rows, slots, self.flat)
         fed = [[PAD]] * self.cache.rows  # a free row of the cache is fed padding
         for r, d in zip(self.rows, drafts):
             fed[r.place] = [*r.seq.history[self.cache.slots.lengths[r.place]:], *d]
         width = max(map(len, fed))
         x = mx.array([f + [PAD] * (width - len(f)) for f in fed], mx.uint32)
         with eager(self.cache.layers, self.pricing.eager if self.pricing else 0):  # nothing runs ahead
-            logits, starts = self._forward(x, [len(f) for f in fed])
+            logits, starts = self._forward(x, [len(f) for f in fed], slots)
         again = [len(fed[r.place]) - len(d) - 1 for r, d in zip(self.rows, drafts)]  # fed again
         verdict = verdicts(logits, starts, self.rows, [(a, len(d) + 1) for d, a in zip(drafts, again)])
         mx.async_eval(verdict)
         return self._committed(Pass(list(self.rows), drafts, again, width, logits, starts, verdict))
 
-    def _forward(self, x: mx.array, fed: list[int]) -> tuple[mx.array, list[int]]:
+    def _forward(self, x: mx.array, fed: list[int], slots: int) -> tuple[mx.array, list[int]]:
         """The pass of padded input `x` (each place feeding its first `fed` positions; a free one
-        padding), fed flat where the model allows it and that costs less (cost/batch.py's
+        padding), fed flat where the model allows it and that costs less over `slots` (cost/batch.py's
         `feeds_flat`: its gathers cost ~7% of a step of 8 rows of SmolLM2 on the CPU). Its logits
         by position, and where each place's begin."""
         width = x.shape[1]
-        flat = self.flat and width > 1 and feeds_flat(self.pricing, fed, self.cache.slots.reach())
+        flat = self.flat and width > 1 and feeds_flat(self.pricing, fed, slots)
         if flat:
             fed = [0 if p in self.cache.free else n for p, n in enumerate(fed)]
         self.cache.begin(fed, flat)
@@ -317,7 +318,8 @@ class Batch:
                 or not all(r.seq.queues for r in self.rows)):
             return None
         count = self.cache.rows
-        more = behind_drafts(cur.rows, cur.drafts, self.pricing, count, self.cache.slots.reach(), self.flat)
+        slots = self.cache.slots.reach()
+        more = behind_drafts(cur.rows, cur.drafts, self.pricing, count, slots, self.flat)
         if more is None:
             return None
         width = 1 + max(map(len, more))
@@ -332,7 +334,7 @@ class Batch:
         fed = [1] * count
         for r, m in zip(cur.rows, more):
             fed[r.place] = 1 + len(m)
-        logits, starts = self._forward(x, fed)
+        logits, starts = self._forward(x, fed, slots)
         spans, ahead = [(0, len(m) + 1) for m in more], [len(d) + 1 for d in cur.drafts]
         verdict = verdicts(logits, starts, cur.rows, spans, ahead)
         mx.async_eval(verdict)
