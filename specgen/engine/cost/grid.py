@@ -28,9 +28,14 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # positions per row that may be timed (curve.
 SURE = 8  # widths past this are timed only where their rounds fit the budget (a GPU's flat grid)
 BUDGET_S = 4.0  # about how long the rounds past the fewest may take, over all row counts
 ROUNDS = (3, 25)  # fewest and most rounds of every width, for each row count
+# Where a width's cost has not settled (the standard error of its median ratio to a plain step
+# over SETTLED of it), its rounds go on past the budget, up to NOISY times it (docs/design.md).
+SETTLED = 0.02
+NOISY = 3.0
 LONG = 1024  # cache slots of the second timing, which prices the slots a step attends over
 
 Grid = dict[int, dict[int, float]]  # rows -> positions per row (or added, flat) -> seconds of a step
+Timings = dict[tuple[int, int], list[float]]  # (positions a row, more the first row feeds) -> seconds
 
 
 class Measured(NamedTuple):
@@ -82,9 +87,11 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     its drafts be too long). Widths are timed in increasing order, no wider once two in a row cost
     nearly as much as that many plain steps (curve.cannot_pay), nor past SURE where the rounds
     would overrun the budget; each is the median of ROUNDS[0] rounds, or more up to SURE while
-    the budget lasts. Where the model's passes may be fed flat, so is a step of B rows one of
-    which feeds E more positions (1 + E as the widths), by the same rules, as a row's share of
-    the step sees them. Then two rows over LONG slots (the entries copied over, not computed: only the shapes
+    the budget lasts, and on while their costs have not settled (`_settled`, up to NOISY
+    budgets); up to SURE a step's cost is its median ratio to the same rounds' plain step. Where
+    the model's passes may be fed flat, so is a step of B rows one of which feeds E more
+    positions (1 + E as the widths), by the same rules, as a row's share of the step sees them.
+    Then two rows over LONG slots (the entries copied over, not computed: only the shapes
     matter) at widths 1 and up to SURE give the cost of a slot. `every`: steps run eagerly so
     (decode/eager.py), as batch.py runs a step nothing runs ahead of."""
     budget_s = BUDGET_S if budget_s is None else budget_s
@@ -95,10 +102,10 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     counts, flat = _counts(max_rows), probe(model).flat
     grid: Grid = {}
     flats: Grid = {}
-    start = time.perf_counter()
+    start, unsettled = time.perf_counter(), 0.0  # (and seconds of rounds past the budget's)
 
     def share(n: int) -> float:  # the n-th row count's share of what is left of the budget
-        return (budget_s - (time.perf_counter() - start)) / (len(counts) - n)
+        return (budget_s - (time.perf_counter() - start - unsettled)) / (len(counts) - n)
 
     for n, rows in enumerate(counts):
         step = _timer(model, solo, rows, tokens, every)
@@ -107,20 +114,29 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
         first = _widths(step, ahead)
         if flat and rows > 1:
             first |= _widths(step, ahead, beside=first[1, 0] * (rows - 1) / rows)
-        # Rounds past the fewest for the steps up to SURE, in what the wider ones leave.
+        # Rounds past the fewest for the steps up to SURE, in what the wider ones leave; past
+        # that, more while they have not settled, in the row count's even share of NOISY budgets.
         wide_s = (ROUNDS[0] - 1) * sum(t for key, t in first.items() if _wide(key))
         narrow_s = sum(t for key, t in first.items() if not _wide(key))
-        rounds = max(ROUNDS[0], min(ROUNDS[1], int((share(n) - wide_s) / narrow_s)))
+        rounds, noisy = (max(ROUNDS[0], min(ROUNDS[1], int((budget - wide_s) / narrow_s)))
+                         for budget in (share(n), NOISY * budget_s / len(counts)))
         times = {key: [t] for key, t in first.items()}
+        narrow = [key for key in times if not _wide(key)]
         step(1)  # not timed: a pass right after a wide one ran ~15% slow on this CPU
-        for wider, more in ((False, rounds - 1), (True, ROUNDS[0] - 1)):  # the wide ones last, apart
-            for _ in range(more):
-                for key, taken in times.items():
-                    if _wide(key) == wider:
-                        taken.append(step(*key))
-        grid[rows] = {w: statistics.median(v) for (w, e), v in times.items() if not e}
-        if any(e for _, e in times):
-            flats[rows] = {e: statistics.median(v) for (_, e), v in times.items() if e}
+        for done in range(1, max(rounds, noisy)):
+            if done >= rounds and _settled(times, narrow):
+                break
+            began = time.perf_counter()
+            for key in narrow:
+                times[key].append(step(*key))
+            unsettled += (time.perf_counter() - began) if done >= rounds else 0.0
+        for _ in range(ROUNDS[0] - 1):  # the wide ones last, apart
+            for key in (key for key in times if _wide(key)):
+                times[key].append(step(*key))
+        seconds = _estimate(times, narrow)
+        grid[rows] = {w: s for (w, e), s in seconds.items() if not e}
+        if any(e for _, e in seconds):
+            flats[rows] = {e: s for (_, e), s in seconds.items() if e}
     return Measured(grid, *_per_slot(model, solo, tokens, grid[2]), flats)
 
 
@@ -141,6 +157,33 @@ def _widths(step: Callable[..., float], ahead: float,
         if cannot_pay({w: t - (beside or 0.0) for w, t in first.items()}):
             break
     return {key(w): t for w, t in first.items()}
+
+
+def _ratios(times: Timings, key: tuple[int, int]) -> list[float]:
+    """Each round's timing of `key` over the same round's plain step: a slow spell that spans a
+    round (this VM's last seconds) moves both."""
+    return [t / plain for t, plain in zip(times[key], times[1, 0])]
+
+
+def _settled(times: Timings, narrow: list[tuple[int, int]]) -> bool:
+    """Whether every narrow step's median ratio to a plain one is known within SETTLED of it (its
+    standard error from the median absolute deviation, as for normally spread timings)."""
+    for key in narrow:
+        ratios = _ratios(times, key)
+        mid = statistics.median(ratios)
+        spread = statistics.median(abs(r - mid) for r in ratios)
+        # 1.4826 deviations are a normal sigma; a median's standard error is 1.2533 sigma / sqrt(n).
+        if 1.4826 * 1.2533 * spread / len(ratios) ** 0.5 > SETTLED * mid:
+            return False
+    return True
+
+
+def _estimate(times: Timings, narrow: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+    """Seconds by step: a plain step's median, each narrow one's median ratio to it (timed in the
+    same rounds) times that, the wide ones' own medians (timed apart)."""
+    plain = statistics.median(times[1, 0])
+    return {key: plain * statistics.median(_ratios(times, key)) if key in narrow else statistics.median(v)
+            for key, v in times.items()}
 
 
 def _wide(key: tuple[int, int]) -> bool:
