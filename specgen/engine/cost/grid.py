@@ -113,7 +113,7 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
         step(1)  # warm-up: kernels compiled, buffers allocated
         first = _widths(step, ahead)
         if flat and rows > 1:
-            first |= _widths(step, ahead, beside=first[1, 0] * (rows - 1) / rows)
+            first |= _widths(step, ahead, flat=rows)
         # Rounds past the fewest for the steps up to SURE, in what the wider ones leave; past
         # that, more while they have not settled, in the row count's even share of NOISY budgets.
         wide_s = (ROUNDS[0] - 1) * sum(t for key, t in first.items() if _wide(key))
@@ -140,21 +140,22 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
     return Measured(grid, *_per_slot(model, solo, tokens, grid[2]), flats)
 
 
-def _widths(step: Callable[..., float], ahead: float,
-            beside: float | None = None) -> dict[tuple[int, int], float]:
+def _widths(step: Callable[..., float], ahead: float, flat: int = 0) -> dict[tuple[int, int], float]:
     """One timing of each width in WIDTHS, by (positions a row, more the first row feeds), until
     no wider one can pay (curve.cannot_pay) or its rounds would take more than `ahead` seconds.
-    `beside`: fed flat, the first row feeding the width, the others one position each; seen as
-    the step less the others' share of a plain one (`beside` seconds)."""
-    key = (lambda w: (w, 0)) if beside is None else (lambda w: (1, w - 1))
+    `flat` (rows): fed flat, the first row feeding the width, the others one position each; seen
+    as the step less the others' share of this call's plain one (another pass's, a sample apart,
+    left one row's share of 4 almost nothing where it ran 20% slow: every width looked dear)."""
+    key = (lambda w: (w, 0)) if not flat else (lambda w: (1, w - 1))
     first = {1: step(1)}
+    beside = first[1] * (flat - 1) / flat if flat else 0.0
     for w in WIDTHS[1:]:
         widest = max(first)
         if w > SURE and (1 + ROUNDS[0]) * first[widest] * w / widest > ahead:
             break  # its rounds would take this row count's share of the budget: extrapolated
         step(*key(w))  # its kernels compiled first: a cold width looks dear (seconds on MLX's CUDA build)
         first[w] = step(*key(w))
-        if cannot_pay({w: t - (beside or 0.0) for w, t in first.items()}):
+        if cannot_pay({w: t - beside for w, t in first.items()}):
             break
     return {key(w): t for w, t in first.items()}
 
