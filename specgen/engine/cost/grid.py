@@ -121,7 +121,7 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
         rounds, noisy = (max(ROUNDS[0], min(ROUNDS[1], int((budget - wide_s) / narrow_s)))
                          for budget in (share(n), NOISY * budget_s / len(counts)))
         times = {key: [t] for key, t in first.items()}
-        narrow = [key for key in times if not _wide(key)]
+        narrow, wide = ([key for key in times if _wide(key) == far] for far in (False, True))
         step(1)  # not timed: a pass right after a wide one ran ~15% slow on this CPU
         for done in range(1, max(rounds, noisy)):
             if done >= rounds and _settled(times, narrow):
@@ -131,7 +131,7 @@ def measure(model, sample: list[int], max_rows: int, budget_s: float | None = No
                 times[key].append(step(*key))
             unsettled += (time.perf_counter() - began) if done >= rounds else 0.0
         for _ in range(ROUNDS[0] - 1):  # the wide ones last, apart
-            for key in (key for key in times if _wide(key)):
+            for key in wide:
                 times[key].append(step(*key))
         seconds = _estimate(times, narrow)
         grid[rows] = {w: s for (w, e), s in seconds.items() if not e}
@@ -162,7 +162,7 @@ def _widths(step: Callable[..., float], ahead: float, flat: int = 0) -> dict[tup
 
 def _ratios(times: Timings, key: tuple[int, int]) -> list[float]:
     """Each round's timing of `key` over the same round's plain step: a slow spell that spans a
-    round (this VM's last seconds) moves both."""
+    round (this VM's last a second or more) moves both."""
     return [t / plain for t, plain in zip(times[key], times[1, 0])]
 
 
