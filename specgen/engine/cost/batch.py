@@ -12,7 +12,7 @@ so the step chooses one width for all.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from specgen.draft.length import CostFn
 from specgen.engine.batch.row import Row
@@ -94,16 +94,23 @@ class Pricing:
         return self._at(rows, slots, flat).drafting
 
 
+def _fed(flat: CostFn, padded: CostFn) -> Callable[[int, int], float]:
+    """A pass whose drafts add `added` positions in all, its widest row drafting `widest`: fed
+    flat (by the positions added) or padded (by the widest), whichever costs less."""
+    return lambda added, widest: min(flat(added), padded(widest))
+
+
 def _cheaper(flat: CostFn, padded: CostFn, rows: int) -> CostFn:
-    """Every row drafting k, in a pass fed flat (by the positions it adds) or padded, whichever
-    costs less."""
-    return lambda k: min(flat(rows * k), padded(k))
+    """Every row drafting k, in a pass fed flat or padded, whichever costs less."""
+    fed = _fed(flat, padded)
+    return lambda k: fed(rows * k, k)
 
 
 def _alone(flat: CostFn, padded: CostFn, rows: int) -> CostFn:
     """One row's k drafts beside rows that draft none, relative to its share of a plain step: it
     pays all the pass (flat or padded, whichever costs less) costs more."""
-    return lambda k: 1.0 + rows * (min(flat(k), padded(k)) - 1.0)
+    fed = _fed(flat, padded)
+    return lambda k: 1.0 + rows * (fed(k, k) - 1.0)
 
 
 def _ceiling(built: CostFn, rows: int) -> CostFn:
@@ -149,12 +156,11 @@ def _plan(coming: list[Coming], pricing: Pricing, count: int, slots: int, queued
     if not flat:
         return [k] * len(coming), _yield(coming, k, padded, queued)
     reach = [len(c.drafts) if queued else c.reach for c in coming]
-    own, spread = pricing.own(count, slots, flat=True), pricing.whole(count, slots, flat=True, queued=queued)
+    own, fed = pricing.own(count, slots, flat=True), _fed(pricing.whole(count, slots, True, queued), padded)
     alone = [max(range(n + 1), key=lambda j: c.held(j, queued) / own(j)) for c, n in zip(coming, reach)]
 
     def worth(ks: list[int]) -> float:
-        return (sum(c.held(j, queued) for c, j in zip(coming, ks))
-                / min(spread(sum(ks)), padded(max(ks, default=0))))
+        return sum(c.held(j, queued) for c, j in zip(coming, ks)) / fed(sum(ks), max(ks, default=0))
 
     ks = max([[min(k, n) for n in reach], alone, reach], key=worth)
     return ks, worth(ks)
