@@ -42,12 +42,14 @@ def runs(firsts: np.ndarray, keys: int, group: int = GROUP, widths=None) -> list
     as `group` more: rows whose oldest slot is `firsts[i]` (the pass's first one where a row holds
     none) in a pass over `keys` slots, each with `widths[i]` queries (one each by default; a run
     pads its rows' queries to its widest, where the pass is fed flat)."""
-    n, f = len(firsts), np.asarray(firsts, dtype=np.int64)
-    w = np.ones(n, dtype=np.int64) if widths is None else np.asarray(widths, dtype=np.int64)
-    oldest, wide = int(f.min(initial=keys - 1)), int(w.max(initial=1))
-    # A single run from the oldest slot any row holds, unless cutting could save more than a call.
-    if n * wide * (keys - oldest) - int((w * (keys - f)).sum()) <= group:
+    n, first = len(firsts), [int(x) for x in firsts]
+    queries = [1] * n if widths is None else [int(x) for x in widths]
+    oldest, wide = min([*first, keys - 1]), max([*queries, 1])
+    # A single run from the oldest slot any row holds, unless cutting could save more than a call
+    # (checked in Python: a step asks this each time, and a few rows' numpy calls cost more).
+    if n * wide * (keys - oldest) - sum(q * (keys - f) for q, f in zip(queries, first)) <= group:
         return [Run(0, n, oldest, 0, wide)]
+    f, w = np.asarray(first, dtype=np.int64), np.asarray(queries, dtype=np.int64)
     best, cut = np.zeros(n + 1), np.zeros(n + 1, dtype=np.int64)
     for j in range(1, n + 1):
         reach = np.minimum.accumulate(f[:j][::-1])[::-1]  # reach[i]: the oldest slot of rows i..j-1

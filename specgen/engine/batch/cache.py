@@ -117,13 +117,13 @@ class RaggedBatch:
                 mine.join(theirs, places, rows + added)
             else:
                 mine.join([newest(c) for c in theirs], places, rows, end)
-        more = np.zeros((added, end), dtype=bool)
-        self.slots.held = np.concatenate([self.slots.held, more], axis=0)
-        self.slots.lengths += [0] * len(more)
+        held = np.concatenate([self.slots.held, np.zeros((added, end), dtype=bool)], axis=0)
+        self.slots.lengths += [0] * added
         for row, n in zip(places, counts):
-            self.slots.held[row] = False
-            self.slots.held[row, end - n:] = True
+            held[row] = False
+            held[row, end - n:] = True
             self.slots.lengths[row] = n
+        self.slots.held = held
         return places
 
     def _place(self, firsts: Sequence[int], end: int) -> list[int]:
@@ -192,8 +192,7 @@ class RaggedBatch:
         for c in self.states:
             c.restore([row], passes)
         if entries:
-            where = np.flatnonzero(self.slots.held[row])
-            self.slots.held[row, where[-entries:]] = False
+            self.slots.release(row, entries)
             self.slots.lengths[row] -= entries
 
     def _needed(self, last: int) -> int:
@@ -205,7 +204,7 @@ class RaggedBatch:
     def drop(self, rows: Sequence[int]) -> None:
         """Free these rows (nothing is moved); with none held any more, the buffer is emptied."""
         for i in rows:
-            self.slots.held[i] = False
+            self.slots.release(i)
             self.slots.lengths[i] = 0
         self.free = sorted({*self.free, *rows})
         if len(self.free) == self.rows:

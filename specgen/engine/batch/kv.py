@@ -20,9 +20,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from specgen.engine.batch.attend import Run, padded
-from specgen.engine.batch.slots import Shelf, Slots
-
-GROW = 256  # slots added (and, by a window, cut) at a time, as mlx-lm's KVCache grows
+from specgen.engine.batch.slots import GROW, Shelf, Slots
 
 
 class RaggedKVCache:
