@@ -6,7 +6,9 @@ step's runs of rows, each attending over the slots its rows hold, within its she
 A pass may be fed flat (`Flat`): each row only its own positions, one after another, each
 position a batch row of the model's input, so a row that drafts more does not make the others
 compute padding; the layers' keys and attention stay in the padded (rows, width) layout, and
-attend.py moves between the two. Shared by every layer of the batch."""
+attend.py moves between the two. Shared by every layer of the batch. What every step asks (each
+row's oldest slot, the last runs, `held` on the device) is kept between steps, so a plain step's
+host work is a few list operations (design.md, "Batched steps")."""
 
 from __future__ import annotations
 
