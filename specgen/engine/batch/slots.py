@@ -181,16 +181,13 @@ class Slots:
         included), as mlx-lm's sliding-window masks: by each row's positions, not by slots;
         over the slots from `base` on (a window layer holds no earlier ones)."""
         if (window, base) not in self._windows:
-            new, width = self._new, self._new.shape[1]
-            causal = np.arange(width)[:, None] >= np.arange(width)[None, :]  # (T, T)
-            old = np.broadcast_to(self.held[:, None, base:], (len(new), width, self.end - base))
-            step = np.concatenate([old, new[:, None, :] & causal[None]], axis=2)
+            width = self._new.shape[1]
             lengths = np.asarray(self.lengths)[:, None]
             held = np.cumsum(self.held, axis=1)[:, base:] - 1
             keys = np.concatenate([held, lengths + np.arange(width)], axis=1)
             queries = lengths + np.arange(width)
             near = keys[:, None, :] > queries[:, :, None] - window
-            self._windows[window, base] = mx.array((step & near)[:, None])
+            self._windows[window, base] = self.mask[..., base:] & mx.array(near[:, None])
         return self._windows[window, base]
 
     def commit(self, width: int, kept: Sequence[int]) -> None:

@@ -162,7 +162,7 @@ def _widths(step: Callable[..., float], ahead: float, flat: int = 0) -> dict[tup
 
 def _ratios(times: Timings, key: tuple[int, int]) -> list[float]:
     """Each round's timing of `key` over the same round's plain step: a slow spell that spans a
-    round (this VM's last a second or more) moves both."""
+    round (this VM's spells last a second or more) moves both."""
     return [t / plain for t, plain in zip(times[key], times[1, 0])]
 
 
