@@ -1,18 +1,13 @@
 """Measuring the verify-cost curve: how long a forward pass over k positions takes relative to
 one position, and what queuing a plain step ahead saves (the overlap), once per model and
 machine, cached in the cache directory (store.py; curve.py turns them into the drafter's cost
-function).
-
-First it decides whether synchronous passes run eagerly (decode/eager.py: evaluated a few layers at a
-time while the graph is built), which pays where building the graph is a real share of a step (a
-deep model on a fast device) and costs where it is not; the curve and the overlap are then timed
-as the decode loop runs its passes.
-
-Measuring is bounded by BUDGET_S: sizes are timed in increasing order while they fit in it, and
+function). First it decides whether synchronous passes run eagerly (decode/eager.py: a few layers
+evaluated at a time while the graph is built; it pays where building the graph is a real share of
+a step), then times the curve and the overlap as the decode loop runs its passes, all over one
+primed cache. Bounded by BUDGET_S: sizes are timed in increasing order while they fit in it, and
 no wider once two in a row cost nearly as much as that many single positions
 (`curve.cannot_pay`); the rounds are as many as fit in what is left.
 """
-
 from __future__ import annotations
 
 import statistics
@@ -65,11 +60,14 @@ EAGER_GAIN = 0.03  # eager passes are kept where they save at least this share o
 SAMPLE = "The quick brown fox jumps over the lazy dog, and then it runs back home again. "
 
 
-def _primed_cache(model, tokens: list[int], fixed: bool = False) -> tuple[list, Rollback]:
-    """A cache holding the first CONTEXT of `tokens`, or LONG_CONTEXT where the first CONTEXT took
-    so little that the rest fits in PRIME_S (always CONTEXT when `fixed`: ranks must agree),
-    evaluated, and what takes it back there after each timed pass (any cache type); its
-    `cached` is where the timed tokens start."""
+Primed = tuple[list, Rollback]
+
+
+def primed_cache(model, sample: list[int], fixed: bool = False) -> Primed:
+    """A cache of `sample` repeated, CONTEXT tokens, or LONG_CONTEXT where the rest fits in PRIME_S
+    (CONTEXT if `fixed`: ranks must agree), and what takes it back after each timed pass (`cached`:
+    where timed tokens start). One per calibration (4-bit SmolLM2 on a CPU: two were 6.7 s of 11.7)."""
+    tokens = (sample * LONG_CONTEXT)[:LONG_CONTEXT]
     cache = make_prompt_cache(model)
     back = Rollback(cache)
     t = time.perf_counter()
@@ -84,23 +82,21 @@ def _primed_cache(model, tokens: list[int], fixed: bool = False) -> tuple[list, 
     return cache, back
 
 
-def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False, every: int = 0) -> dict[int, float]:
-    """Seconds of a forward pass with its read-back as a verify step reads it, per size.
-
-    Sizes are timed in increasing order, each only if its warm-up and ROUNDS[0] rounds are
-    expected to fit in the budget (the first two always are) and while a wider one could still
-    pay (`curve.cannot_pay`); cost.cost_function extrapolates past the widest. One position's time is
+def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False, every: int = 0,
+            primed: Primed | None = None) -> dict[int, float]:
+    """Seconds of a forward pass with its read-back as a verify step reads it, per size. Sizes are
+    timed in increasing order, each only if its warm-up and ROUNDS[0] rounds are expected to fit
+    in the budget (the first two always are) and while a wider one could still pay
+    (`curve.cannot_pay`); cost.cost_function extrapolates past the widest. One position's time is
     the 25th percentile of the rounds (interference only ever adds time); every other size is
     that times the median, over rounds, of its time over one position's in the same round, so a
     burst of load that slows a whole round cancels out. `sample`: token ids the model knows (any
     text's), repeated to fill the context. `fixed`: time the sizes up to 16, ROUNDS[0] rounds, with
     no decision taken on a time (ranks of an mlx.launch group run the same passes in lockstep).
-    `every`: passes run eagerly so (decode/eager.py), as the loop runs them."""
-    if fixed:
-        sizes = tuple(k for k in sizes if k <= 16)
-    budget_s = BUDGET_S
+    `every`: passes run eagerly so (decode/eager.py). `primed`: `primed_cache`'s (made if None)."""
+    sizes = tuple(k for k in sizes if k <= 16) if fixed else sizes
     tokens = (sample * (LONG_CONTEXT + max(sizes)))[: LONG_CONTEXT + max(sizes)]
-    cache, back = _primed_cache(model, tokens, fixed)
+    cache, back = primed or primed_cache(model, sample, fixed)
     at = back.cached
     start = time.perf_counter()
 
@@ -122,7 +118,7 @@ def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False, every: i
         prev = timed[-1]
         guess = last[prev] * k / prev  # a pass at most as costly per position as the last one
         rounds_s = ROUNDS[0] * (sum(last.values()) + guess)
-        if not fixed and len(timed) >= 2 and time.perf_counter() - start + 2 * guess + rounds_s > budget_s:
+        if not fixed and len(timed) >= 2 and time.perf_counter() - start + 2 * guess + rounds_s > BUDGET_S:
             break
         step(k)
         last[k] = step(k)
@@ -130,7 +126,7 @@ def measure(model, sample: list[int], sizes=SIZES, fixed: bool = False, every: i
         if not fixed and cannot_pay(last):
             break
     per_round = sum(last.values())
-    left = budget_s - (time.perf_counter() - start)
+    left = BUDGET_S - (time.perf_counter() - start)
     rounds = ROUNDS[0] if fixed else max(ROUNDS[0], min(ROUNDS[1], int(left / max(per_round, 1e-6))))
     times = {k: [] for k in timed}
     for r in range(rounds):
@@ -157,11 +153,12 @@ def _ab(first, second) -> float:
     return statistics.median(ratios)
 
 
-def measure_eager(model, sample: list[int]) -> int:
+def measure_eager(model, sample: list[int], primed: Primed | None = None) -> int:
     """Every how many layers synchronous passes are evaluated (decode/eager.py): of eager.CHOICES, the
     fastest at a one- and an eight-position pass with their read-backs where EAGER_GAIN faster than
-    not, else 0 (also where a pass is so slow, over OVERLAP_SLOW_S, that its graph is negligible)."""
-    cache, back = _primed_cache(model, sample * LONG_CONTEXT)
+    not, else 0 (also where a pass is so slow, over OVERLAP_SLOW_S, that its graph is negligible).
+    `primed` as in `measure`."""
+    cache, back = primed or primed_cache(model, sample)
     at, tokens = back.cached, (sample * 8)[:8]
 
     def passes(every: int) -> float:
@@ -181,15 +178,16 @@ def measure_eager(model, sample: list[int]) -> int:
     return best if ratio <= 1.0 - EAGER_GAIN else 0
 
 
-def measure_overlap(model, sample: list[int], one_s: float, every: int = 0) -> float:
+def measure_overlap(model, sample: list[int], one_s: float, every: int = 0,
+                    primed: Primed | None = None) -> float:
     """The share of a plain step's time saved by queuing the next one before reading it back (as
     mlx_lm.generate_step does) over running each once the last was read (eagerly where `every`):
     the median of the two ways' same-round ratio (`_ab`), at least OVERLAP_FLOOR where the host has
     a core of its own (else at least 0); 0 when a step (`one_s`) is so slow that building the next
-    graph is a negligible share of it (not timed)."""
+    graph is a negligible share of it (not timed). `primed` as in `measure`."""
     if one_s > OVERLAP_SLOW_S:
         return 0.0
-    cache, back = _primed_cache(model, sample * LONG_CONTEXT)
+    cache, back = primed or primed_cache(model, sample)
     at = back.cached
 
     def steps(queue_ahead: bool) -> float:
@@ -240,10 +238,12 @@ def load_or_measure(model, model_key: str, sample: list[int], *, recalibrate: bo
     if cached is not None:
         return Calibrated(cached, False, warning)
     before_measuring()
-    every = 0 if world is not None else measure_eager(model, sample)  # ranks time alike
-    seconds = measure(model, sample, fixed=world is not None, every=every)
+    primed = primed_cache(model, sample, fixed=world is not None)  # once: each measure leaves it so
+    every = 0 if world is not None else measure_eager(model, sample, primed)  # ranks time alike
+    seconds = measure(model, sample, fixed=world is not None, every=every, primed=primed)
     if world is None:
-        curve = Curve(relative(seconds), measure_overlap(model, sample, seconds[min(seconds)], every), every)
+        overlap = measure_overlap(model, sample, seconds[min(seconds)], every, primed)
+        curve = Curve(relative(seconds), overlap, every)
     else:
         curve = unflat(share(world, flat(Curve(relative(seconds))) if world.rank == 0 else None))
         if world.rank != 0:

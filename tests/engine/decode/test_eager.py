@@ -68,7 +68,7 @@ def test_eager_passes_in_the_decode_loop_give_plain_decodings_text(arch):
 def test_the_eager_choice_is_cached_with_the_curve_and_measured_again_with_it(
         stories, tmp_path, monkeypatch, quick_calibration):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibrate, "measure_eager", lambda model, sample: 3)
+    monkeypatch.setattr(calibrate, "measure_eager", lambda model, sample, primed=None: 3)
     sample = stories.tokenizer.encode("Once upon a time")
     first = calibrate.load_or_measure(stories.model, "m", sample)
     assert first.fresh and first.curve.eager == 3
