@@ -35,6 +35,22 @@ def shared(relative: str) -> Path:
     return path
 
 
+# The files that take longest (most run the 4-bit SmolLM2, ~140 ms a position on a CPU), slowest
+# first: pytest-xdist hands out whole files in collection order, and one of these started last
+# left a worker idle for a minute of the suite.
+SLOWEST_FILES = ("engine/test_real_model.py", "serve/test_agent_clients.py", "serve/apis/test_serve_structured.py",
+                 "engine/load/test_distributed.py", "api/test_api.py", "cli/test_bad_input.py",
+                 "serve/apis/test_serve_anthropic.py", "cli/test_chat.py", "serve/apis/test_serve_ollama.py",
+                 "engine/decode/test_decode.py")
+
+
+def pytest_collection_modifyitems(items):
+    """Run the SLOWEST_FILES first (the sort is stable: the rest keep their order)."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    here = Path(__file__).parent
+    items.sort(key=lambda item: rank.get(item.path.relative_to(here).as_posix(), len(rank)))
+
+
 needs_smollm2 = pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the shared models sit beside the repository")
 needs_tokenizers = pytest.mark.skipif(not (SHARED / "tokenizers" / "smollm2").is_dir(),
                                       reason="the shared tokenizers sit beside the repository")

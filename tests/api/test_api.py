@@ -70,6 +70,7 @@ def mlx_lm_loop(stream_generate, model, tokenizer, prompt, **kw):
 
 
 @needs_smollm2
+@pytest.mark.usefixtures("quick_calibration")  # the pair's engine measures its own curve: not what is checked
 def test_generate_is_mlx_lm_generate_on_real_prompts(smollm2, smollm2_mlx_lm):
     model, tokenizer = smollm2_mlx_lm
     # Two short chat prompts (a 4-bit position costs ~100 ms here): one through the model as

@@ -126,12 +126,12 @@ def test_chat_is_chat_completions_text_for_the_same_conversation(smollm2_engine)
     messages = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name three colours."}]
     with running(smollm2_engine, model_name="smollm2") as (url, _):
         c = ollama.Client(host=url)
-        expected = client(url).chat.completions.create(model="smollm2", messages=messages, max_tokens=40, temperature=0)
-        whole = c.chat(model="smollm2", messages=messages, options={"num_predict": 40, "temperature": 0})
+        expected = client(url).chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0)
+        whole = c.chat(model="smollm2", messages=messages, options={"num_predict": 16, "temperature": 0})
         assert whole.message.content == expected.choices[0].message.content and whole.message.role == "assistant"
         assert (whole.eval_count, whole.prompt_eval_count) == (expected.usage.completion_tokens,
                                                                expected.usage.prompt_tokens)
-        streamed = list(c.chat(model="smollm2:latest", messages=messages, options={"num_predict": 40}, stream=True))
+        streamed = list(c.chat(model="smollm2:latest", messages=messages, options={"num_predict": 16}, stream=True))
         assert "".join(p.message.content for p in streamed) == whole.message.content
         # `format`: a JSON schema holds the answer, as response_format does on chat completions
         ask = [{"role": "user", "content": "Describe a hero as JSON with a name and an age."}]
@@ -145,7 +145,7 @@ def test_chat_is_chat_completions_text_for_the_same_conversation(smollm2_engine)
         # LangChain's ChatOllama, as an application would point it at the server
         from langchain_ollama import ChatOllama
 
-        llm = ChatOllama(model="smollm2", base_url=url, temperature=0, num_predict=40)
+        llm = ChatOllama(model="smollm2", base_url=url, temperature=0, num_predict=16)
         said = llm.invoke([("system", "You are brief."), ("human", "Name three colours.")])
         assert said.content == whole.message.content
         assert said.usage_metadata["output_tokens"] == whole.eval_count
