@@ -17,7 +17,7 @@ from specgen import defaults
 from specgen.draft.length import CostFn, linear_cost
 from specgen.draft.schedule import Schedule
 from specgen.draft.traces import Trace
-from specgen.events import Drafter, Verdict
+from specgen.events import Drafter, Step, Verdict
 from specgen.stats import Counts, ratio
 
 
@@ -77,7 +77,7 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
            beta: float = defaults.BETA, max_tokens: int | None = None,
            context_length: int | None = None, queue_after: int | None = None,
            overlap: float = 0.0, cost: CostFn | None = None, predicted: list[int] | None = None,
-           ) -> Tally:
+           steps: list[Step] | None = None) -> Tally:
     """Count the steps greedy speculation with `drafter` needs to emit `output` after `prompt`.
 
     `draft` is the most tokens a step drafts; `max_tokens` (default: the output's length) and
@@ -89,7 +89,8 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
     that drafts k tokens costs `cost(k)`, by default 1 + `beta` * k. `predicted` (the model's
     top-1 after each token of prompt + output, from a trace's "topk") is recycled to the
     drafter as the decode loop does, along the output's path only (rejected drafts' rows were not
-    recorded) and not for the prompt (whose logits the loop never computes).
+    recorded) and not for the prompt (whose logits the loop never computes). `steps`, if given,
+    gets each step as the decode loop reports it (events.Step), to set beside the loop's own.
     """
     cost = cost or linear_cost(beta)
     path = [*prompt, *output] if predicted is not None else None  # what recycled rows follow
@@ -124,6 +125,8 @@ def replay(prompt: list[int], output: list[int], drafter: Drafter, *, draft: int
         drafter.feed(emitted, verdict)
         spent += clock() - t0
         t.counts.add_step(len(emitted), len(drafts), n)
+        if steps is not None:
+            steps.append(Step(tuple(emitted), len(drafts), n, queued=queued is not None))
         t.cost += cost(len(drafts)) - (overlap if queued is not None else 0.0)
         queued = behind if n == len(drafts) else None
         i += len(emitted)

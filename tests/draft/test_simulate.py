@@ -85,11 +85,17 @@ def test_simulate_reproduces_the_step_count_of_a_real_run(stories, draft, ahead)
                            context_length=stories.context_length, queue_after=ahead)
     if steps[-1].stop_reason == "stop":
         tokens = tokens + [1]  # the stop token the run emitted but did not show (BOS ends a story)
+    replayed = []
     t = replay(prompt, tokens, make_drafter(draft), draft=cap, beta=0.08, max_tokens=200,
-               context_length=stories.context_length, queue_after=ahead)
+               context_length=stories.context_length, queue_after=ahead, steps=replayed)
     assert t.counts.steps == len(steps)
     assert t.counts.accepted == sum(s.accepted for s in steps) or steps[-1].stop_reason == "stop"
     assert t.counts.drafted == sum(s.drafted for s in steps)
+    # Step by step, as the loop reports its own (the run's last step shows no stop token).
+    assert [(s.tokens, s.drafted, s.accepted, s.queued) for s in replayed[:-1]] == [
+        (s.tokens, s.drafted, s.accepted, s.queued) for s in steps[:-1]]
+    queued = sum(s.queued for s in steps)
+    assert sum(s.queued for s in replayed) == queued and (queued > 0) == (ahead is not None)
 
 
 def _trace_file(tmp_path, rows):
