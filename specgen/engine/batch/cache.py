@@ -193,7 +193,6 @@ class RaggedBatch:
             c.restore([row], passes)
         if entries:
             self.slots.release(row, entries)
-            self.slots.lengths[row] -= entries
 
     def _needed(self, last: int) -> int:
         """The first slot holding one of some row's `last` newest entries."""
@@ -205,7 +204,6 @@ class RaggedBatch:
         """Free these rows (nothing is moved); with none held any more, the buffer is emptied."""
         for i in rows:
             self.slots.release(i)
-            self.slots.lengths[i] = 0
         self.free = sorted({*self.free, *rows})
         if len(self.free) == self.rows:
             self.slots.held = np.zeros((0, 0), dtype=bool)

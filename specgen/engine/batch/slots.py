@@ -100,7 +100,8 @@ class Slots:
         self._firsts = self._plan = self._device = None
 
     def release(self, row: int, entries: int | None = None) -> None:
-        """`row` no longer holds its newest `entries` entries (None: any)."""
+        """`row` no longer holds its newest `entries` entries (None: any; its length is then 0)."""
+        self.lengths[row] = 0 if entries is None else self.lengths[row] - entries
         where = np.flatnonzero(self.held[row])
         where = where[len(where) - entries :] if entries is not None else where
         self._buf[row, where] = False
@@ -138,7 +139,7 @@ class Slots:
             if self._device is None:
                 self._device = mx.array(self.held)
             new, width = mx.array(self._new), self._new.shape[1]
-            if width == 1:
+            if width == 1:  # a plain step: no causal block to build (each op is a CPU task)
                 self._mask = mx.concatenate([self._device, new], axis=1)[:, None, None]
             else:
                 causal = mx.arange(width)[:, None] >= mx.arange(width)[None, :]  # (T, T)
