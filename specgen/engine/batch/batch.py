@@ -5,14 +5,14 @@ selector and seed, stop rules and grammar; and its place in a ragged cache, cach
 the waiting ones. Each `step` prefills up
 to one chunk's worth of prompt tokens (a piece of a long prompt, or several whole short ones, each
 on a cache of its own; a prompt joins the batch when done, so a long one does not freeze the
-running rows), then runs ONE forward pass over every active row's last token plus its draft
+running rows; prefill.py), then runs ONE forward pass over every active row's last token plus its draft
 (rows padded to the widest, or, where the model allows it (probe.py) and rows feed different
 widths, fed flat: each row its own positions, so one row's long draft costs the others
 nothing), and judges each row by its sequence's rules, as decode.generate does:
 a row emits the longest accepted prefix of its draft plus the model's next token, and keeps just
 those entries.
 Rows join and leave between steps. The next pass is queued behind the one in flight before it
-is read (`Pass`, `_behind`), as mlx-lm's BatchGenerator queues its plain steps and as the single
+is read (passes.py's `Pass`, `_behind`), as mlx-lm's BatchGenerator queues its plain steps and as the single
 loop queues behind drafts: as if every draft in flight holds, each row fed its lazy token and
 its drafter's drafts past a guess at it, where that pays; a row whose drafts or tie make its
 input wrong sits the queued pass out, the others keep theirs.
@@ -22,15 +22,11 @@ so a row's events read as a single-sequence run's; a row whose grammar gives up 
 (where decode.generate raises) and leaves alone. The emitted tokens are what plain decoding
 with the row's selector emits: where a batched row is near-tied (decode/sampling.py), that position is
 recomputed by a one-position pass over the row's own entries, as decode/loop.py does.
-
-One idea, kept whole past 300 lines: the step, and the pass it keeps in flight (`Pass`,
-`verdicts`), are read together.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Hashable, Iterator
 from typing import Sequence as Ids
@@ -42,70 +38,21 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specgen import defaults
 from specgen.engine.batch.cache import RaggedBatch
+from specgen.engine.batch.passes import PAD, Pass, verdicts
+from specgen.engine.batch.prefill import prefill
 from specgen.engine.batch.probe import probe
 from specgen.engine.batch.row import Row
 from specgen.engine.batch.share import Sharing
 from specgen.engine.cost.batch import Pricing, behind_drafts, feeds_flat, step_drafts
-from specgen.engine.decode.eager import Stopped, eager, stoppable
+from specgen.engine.decode.eager import eager
 from specgen.engine.decode.loop import PREFILL_CHUNK
-from specgen.engine.decode.sampling import GREEDY, read_all
+from specgen.engine.decode.sampling import read_all
 from specgen.engine.decode.sequence import Sequence, as_sequence
 from specgen.errors import InputError
 from specgen.events import Failed, Prefilled, Step
 from specgen.settings import check
 
 Event = tuple[Hashable, "Prefilled | Step | Failed"]
-PAD = 0  # the token fed in a row's padding positions (masked out: any id does)
-
-
-@dataclass
-class Pass:
-    """A batched forward pass on the device, not read yet: its rows (in the order of its verdict's
-    columns), their drafts and tokens fed again, its logits by position and where each place's
-    begin (`starts`), and its lazy verdict. It is committed
-    when launched, as if every draft holds (what a row does not keep is taken back once judged);
-    `queued`: launched behind another; `dropped`: rows whose entries were taken back (they sit
-    it out)."""
-
-    rows: list[Row]
-    drafts: list[list[int]]
-    again: list[int]
-    width: int
-    logits: mx.array
-    starts: list[int]
-    verdict: mx.array
-    queued: bool = False
-    dropped: set[int] = field(default_factory=set)
-
-    def fed(self, i: int) -> int:
-        """Positions its `i`-th row feeds."""
-        return self.again[i] + len(self.drafts[i]) + 1
-
-    def logits_of(self, i: int) -> mx.array:
-        """The logits of the positions its `i`-th row fed."""
-        at = self.starts[self.rows[i].place]
-        return self.logits[at : at + self.fed(i)]
-
-    def column(self, row: Row) -> int | None:
-        """`row`'s column in this pass, unless it has none or sits it out (`dropped`)."""
-        i = next((i for i, r in enumerate(self.rows) if r is row), None)
-        return None if i in self.dropped else i
-
-
-def verdicts(logits: mx.array, starts: list[int], rows: list[Row], spans: list[tuple[int, int]],
-             ahead: list[int] | None = None) -> mx.array:
-    """Every row's lazy verdict (row.seq.verdict) on its `spans` (first position, count) of a pass's
-    logits (by position; `starts`: each place's first), concatenated in `rows`' order (`ahead`:
-    each row's tokens in the pass before, not read yet). Greedy rows' in one set of reductions
-    over the whole pass and one gather: a set per row cost ~15% of a plain step of 4 rows on the
-    CPU proxy (MLX's CPU stream runs each small op as a task of its own)."""
-    if all(r.seq.selector is GREEDY for r in rows):
-        every = GREEDY.verdict(logits, 0)
-        at = [starts[r.place] + a + j for r, (a, n) in zip(rows, spans) for j in range(n)]
-        return every[:, mx.array(at, mx.int32)]
-    ahead = ahead or [0] * len(rows)
-    return mx.concatenate([r.seq.verdict(logits[starts[r.place] + a : starts[r.place] + a + n], k)
-                           for r, (a, n), k in zip(rows, spans, ahead)], axis=1)
 
 
 class Batch:
@@ -179,52 +126,16 @@ class Batch:
         return events
 
     def _prefill(self) -> list[Event]:
-        """Prefill up to one chunk's worth of tokens: a chunk of the first waiting prompt, then
-        whole prompts that fit in what is left (many short requests join in one step; a long one
-        is cut where it would be alone, so its cache holds what a single run's would). A prompt
-        first takes what another row computed for the same first tokens (share.py)."""
-        for r in self.waiting:
-            r.waited += 1
-        events, budget, joined = [], self.prefill_chunk, []
-        while self.waiting and len(self.rows) < self.max_rows:
-            # The prompt with the least left goes first, so a short request is not stuck behind
-            # a long one, each step waited counting as a chunk done, so a long one is not
-            # starved by a stream of short ones.
-            row = min(self.waiting,
-                      key=lambda r: len(r.seq.prompt) - r.prefilled - r.waited * self.prefill_chunk)
-            self.sharing.catch_up(row, self.waiting, self.rows, self.cache)
-            left = len(row.seq.prompt) - 1 - row.prefilled
-            if budget < self.prefill_chunk and left > budget:
-                break
-            if left:
-                n = min(left, budget)
-                start = time.perf_counter()
-                piece = row.seq.prompt[row.prefilled : row.prefilled + n]
-                try:
-                    with stoppable(row.cache, row.seq.cancelled, n):
-                        self.model(mx.array([piece], mx.uint32), cache=row.cache)
-                        mx.eval([c.state for c in row.cache])
-                except Stopped:  # its caller dropped it: gone, its part-filled cache with it
-                    self.waiting.remove(row)
-                    break
-                self.counters.prompt_time += time.perf_counter() - start
-                self.counters.prompt_tokens += n
-                row.prefilled += n
-                budget -= n
-                if row.prefilled < len(row.seq.prompt) - 1:
-                    self.sharing.advanced(row, self.waiting)
-            if row.prefilled < len(row.seq.prompt) - 1:
-                break
-            self.waiting.remove(row)
-            self.rows.append(row)
-            joined.append(row)
-            events.append((row.key, row.seq.prefilled(row.shared)))
+        """Prefill up to a chunk of waiting prompts (prefill.py); the rows done join the batch."""
+        joined = prefill(self.model, self.waiting, self.rows, self.max_rows - len(self.rows), self.prefill_chunk,
+                         sharing=self.sharing, cache=self.cache, counters=self.counters)
+        self.rows += joined
         # All at once: rows appended to the cache cost one copy.
         places = self.cache.add([r.cache for r in joined], [r.prefilled for r in joined]) if joined else []
         self.sharing.joined(joined, self.waiting)
         for row, place in zip(joined, places):
             row.cache, row.place = None, place
-        return events
+        return [(r.key, r.seq.prefilled(r.shared)) for r in joined]
 
     def _decode(self) -> list[Event]:
         start = time.perf_counter()
