@@ -74,7 +74,7 @@ class Batch:
         self.flat = probed.flat  # passes may be fed flat
         self.queued: Pass | None = None  # a pass queued behind the last one, not read yet
         self.wasted = 0  # queued passes never read: every row had left (as mlx-lm's last step)
-        self.sharing = Sharing(prefill_chunk)  # rows take the prompt entries others computed
+        self.sharing = Sharing()  # rows take the prompt entries others computed
         self.counters = BatchCounters()  # mlx-lm's: prompt and decode tokens, steps and seconds
 
     @property
@@ -97,7 +97,7 @@ class Batch:
             raise ValueError(f"key {key!r} is already in the batch")
         seq.start(self.rollback)
         cache = prompt_cache if prompt_cache is not None else make_prompt_cache(self.model)
-        self.waiting.append(Row(key, seq, cache, prefilled=cached, start=cached, keep_cache=keep_cache))
+        self.waiting.append(Row(key, seq, cache, prefilled=cached, keep_cache=keep_cache))
 
     def cancel(self, key: Hashable) -> bool:
         """Drop a sequence, waiting or active; whether it was there. The others go on unchanged.

@@ -22,7 +22,6 @@ class Row:
     cache: list | None = None  # its own cache until it joins the batch
     place: int = 0  # its row of the batch's cache once it joins
     prefilled: int = 0  # prompt tokens in `cache`
-    start: int = 0  # prompt tokens its cache held when it came (share.py: its chunks start there)
     shared: int = 0  # prompt tokens it took from other rows' caches (share.py)
     keep_cache: bool = False  # copy its cache out when it leaves the batch (Batch.kept)
     waited: int = 0  # steps it has waited to be prefilled

@@ -95,10 +95,15 @@ def test_staggered_rows_each_emit_what_they_emit_alone(stories, pricing):
     assert sum(s.accepted for s in events[0] + events[2]) > (10 if pricing is None else 5)
     assert sum(s.drafted > s.accepted for e in events.values() for s in e) > 0  # and some did not
     # One pass a step over every active row, plus prefill chunks and near-tie confirmations, and
-    # a plain pass queued behind the last step where the batch emptied. The third prompt opens with
-    # the first: it takes their three whole chunks from the first's cache (share.py).
-    assert batch.sharing.tokens == 3 * 8
-    chunks = sum(-(-(len(r["prompt"]) - 1) // 8) for r in rows) - 3
+    # a plain pass queued behind the last step where the batch emptied. Prompts take the entries
+    # others computed for their first tokens (share.py): the second, the shortest, prefills first;
+    # the first and the fourth take its first token (every prompt opens with BOS); the third
+    # opens with the first prompt and takes all of its entries.
+    first, third = rows[0]["prompt"], rows[2]["prompt"]
+    shared = min(len(first) - 1, next((i for i, (a, b) in enumerate(zip(first, third)) if a != b), len(first)))
+    taken = [1, 0, shared, 1]
+    assert shared > 8 and batch.sharing.tokens == sum(taken)
+    chunks = sum(-(-(len(r["prompt"]) - 1 - t) // 8) for r, t in zip(rows, taken))
     confirmed = sum(s.confirmed for e in events.values() for s in e)
     assert model.passes == decoded + chunks + confirmed + batch.wasted
 
