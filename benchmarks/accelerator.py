@@ -299,15 +299,15 @@ def batched(model, tokenizer, picked, end, rows: int, repeats: int) -> dict:
         return [prompt + output[: 4 * i] for i in range(rows)], len(output) - 4 * (rows - 1)
 
     steps, decode = [], {"mlx-lm": [], "specgen": []}  # decode: each call's generation seconds
-    whole = []  # mlx-lm's whole calls' seconds, beside its decode seconds in `decode`
+    whole = {"mlx-lm": [], "specgen": []}  # whole calls' seconds, beside their decode seconds in `decode`
 
     def mlx_lm_run(po):
         prompts, n = work(po)
         t = time.perf_counter()
         out = mlx_lm.batch_generate(model, tokenizer, prompts, max_tokens=n, return_token_ids=True)
         decode["mlx-lm"].append(out.stats.generation_time)
-        whole.append(time.perf_counter() - t)
-        return Timed([t for ids in out.token_ids for t in ids], n * rows, whole[-1])
+        whole["mlx-lm"].append(time.perf_counter() - t)
+        return Timed([t for ids in out.token_ids for t in ids], n * rows, whole["mlx-lm"][-1])
 
     def specgen_run(po):
         prompts, n = work(po)
@@ -319,12 +319,13 @@ def batched(model, tokenizer, picked, end, rows: int, repeats: int) -> dict:
         run = Timed([t for ids in out.token_ids for t in ids], n * rows, time.perf_counter() - t)
         steps.append((out.stats.generation_tokens, out.stats.generation_steps))
         decode["specgen"].append(out.stats.generation_time)
+        whole["specgen"].append(run.seconds)
         return run
 
     contenders = {"mlx-lm": mlx_lm_run, "specgen": specgen_run}
     for po in picked:
         mlx_lm_run(po), specgen_run(po)
-    steps.clear(), whole.clear()
+    steps.clear(), whole["mlx-lm"].clear(), whole["specgen"].clear()
     decode["mlx-lm"].clear(), decode["specgen"].clear()
     identical = True
 
@@ -338,12 +339,12 @@ def batched(model, tokenizer, picked, end, rows: int, repeats: int) -> dict:
     # Decode alone (prefill left out), each call's own ratio: what speculation moves; the whole
     # call also holds the four prefills, which both pay alike.
     decoded = spread([a / b for a, b in zip(decode["mlx-lm"], decode["specgen"])])
-    # The whole call's ceiling: its speedup were specgen's decoding free and the rest (the four
-    # prefills) what it costs mlx-lm.
-    ceiling = spread([w / (w - d) for w, d in zip(whole, decode["mlx-lm"])])
+    # The whole call's ceiling: its speedup were specgen's decoding free and the rest (its
+    # prefills: less than mlx-lm's where rows share a prompt's opening, share.py) what it costs.
+    ceiling = spread([w / (ws - ds) for w, ws, ds in zip(whole["mlx-lm"], whole["specgen"], decode["specgen"])])
     return {"rows": rows, "speedup": med, "min": low, "max": high, "tokens_per_step": tps,
             "identical": identical, "decode_speedup": decoded[0], "decode_min": decoded[1], "decode_max": decoded[2],
-            "prefill_share": statistics.median(1 - d / w for w, d in zip(whole, decode["mlx-lm"])),
+            "prefill_share": statistics.median(1 - d / w for w, d in zip(whole["mlx-lm"], decode["mlx-lm"])),
             "ceiling": ceiling[0], "ceiling_min": ceiling[1], "ceiling_max": ceiling[2]}
 
 

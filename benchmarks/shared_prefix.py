@@ -6,8 +6,8 @@ Each prompt is one long document (docs/design.md's opening, cut to --doc-tokens:
 2048-token prefill chunk) as the system message and a question of its own, as subagents share a
 system prompt and tools; every round asks questions no earlier round asked, so no drafter has
 seen an answer, and served rounds open the document with the round's number, so no prompt cache
-holds it. specgen prefills the document's whole chunks once and the rest of each prompt on its
-own (engine/batch/share.py); mlx-lm prefills every prompt whole. Prints one JSON line: the median
+holds it. specgen prefills the shared document once and the rest of each prompt on its own
+(engine/batch/share.py); mlx-lm prefills every prompt whole. Prints one JSON line: the median
 speedup (min-max), and whether every text is identical.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python benchmarks/shared_prefix.py [--served]
