@@ -8,6 +8,11 @@ proxy between client and server keeps the requests, so the text a client prints 
 what the server answers to the very same request, not streamed. Claude Code's full-size request
 (its own system prompt and tools, tests/agents/requests/claude_full.json) is refused with
 Anthropic's context-overflow 400, by the server and as the client reports it.
+
+The server's model says ANSWER to any prompt, through SmolLM2's tokenizer, template and context:
+the clients' protocol does not depend on the weights, and the 4-bit SmolLM2 takes ~45 s to read a
+client's ~300-token prompt on a CPU (its answers to the same recorded requests are tested in
+tests/serve/apis/test_serve_anthropic.py and test_serve_responses.py).
 """
 
 import contextlib
@@ -17,22 +22,28 @@ import re
 import shutil
 import subprocess
 import threading
-from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
+import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import SMOLLM2, TEMPLATE, needs_smollm2
+from mlx import nn
+from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_tokenizer
 from servers import running
 
 from specgen.engine.engine import Engine
+from specgen.engine.load import registry
 
 AGENTS = Path(__file__).resolve().parents[1] / "agents"
 KEY = "sk-specgen-test"
 PROMPT = "Say hello."
 CLIENT_S = 300  # one client run, start to exit
+ANSWER = "Hello! How can I help you today?"
 OVERFLOW = re.compile(r"input length and `?max_tokens`? exceed context limit: (\d+) \+ (\d+) > (\d+)")
 
 pytestmark = needs_smollm2
@@ -84,18 +95,43 @@ def agent_clients() -> dict[str, str]:
     return dict(line.split(" ", 1) for line in done.stdout.splitlines())
 
 
+class Answering(nn.Module):
+    """A model that answers any prompt with `script` (tokens that each occur once in it): each
+    token's next is fixed, the script's first after any token outside it (a prompt's last)."""
+
+    def __init__(self, script: list[int], vocab: int, config: dict):
+        super().__init__()
+        assert len(set(script)) == len(script)
+        self.args = SimpleNamespace(**config)  # SmolLM2's, so its 8K context
+        self.bias = mx.zeros((1,))
+        following = np.full(vocab, script[0])
+        following[script[:-1]] = script[1:]
+        self.following = mx.array(following)
+        self.vocab = vocab
+
+    def make_cache(self):
+        return [KVCache()]
+
+    def __call__(self, x, cache=None):
+        n = x.shape[1]
+        cache[0].update_and_fetch(mx.zeros((x.shape[0], 1, n, 1)), mx.zeros((x.shape[0], 1, n, 1)))
+        return (mx.arange(self.vocab) == self.following[x][..., None]).astype(mx.float32)
+
+
 @pytest.fixture(scope="module")
-def smollm2_with_tools(smollm2_engine, tmp_path_factory) -> Engine:
-    """The shared SmolLM2 with a ChatML template that writes the tools' schemas into the prompt,
-    as a tool-calling model's does: Claude Code's full-size request then holds 12K tokens. Only
-    the tokenizer is new (loaded as mlx_lm.load loads one); the weights are the shared engine's."""
+def answering_engine(tmp_path_factory) -> Engine:
+    """A model that says ANSWER and ends its turn, with SmolLM2's tokenizer, 8K context and a
+    ChatML template that writes the tools' schemas into the prompt, as a tool-calling model's
+    does: Claude Code's full-size request then holds 12K tokens."""
     folder = tmp_path_factory.mktemp("smollm2-tools")
     for name in ("config.json", "tokenizer.json"):
         (folder / name).symlink_to(SMOLLM2 / name)
     config = json.loads((SMOLLM2 / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
-    eos = json.loads((SMOLLM2 / "config.json").read_text()).get("eos_token_id")
-    return Engine(replace(smollm2_engine.loaded, tokenizer=load_tokenizer(folder, eos_token_ids=eos)))
+    model_config = json.loads((SMOLLM2 / "config.json").read_text())
+    tokenizer = load_tokenizer(folder, eos_token_ids=model_config.get("eos_token_id"))
+    script = tokenizer.encode(ANSWER, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return Engine(registry.wrap(Answering(script, len(tokenizer.get_vocab()), model_config), tokenizer))
 
 
 class _Forward(BaseHTTPRequestHandler):
@@ -167,9 +203,9 @@ def codex(binary: str, url: str, tmp: Path) -> list[dict]:
 
 
 def test_claude_code_completes_a_turn_with_the_servers_text_and_its_next_run_hits_the_prompt_cache(
-        smollm2_engine, agent_clients, tmp_path):
+        answering_engine, agent_clients, tmp_path):
     shrink = ("--system-prompt", "You are a helpful assistant.", "--tools", "")
-    with running(smollm2_engine, model_name="smollm2", api_key=KEY) as (url, _), recording(url) as (proxy, seen):
+    with running(answering_engine, model_name="smollm2", api_key=KEY) as (url, _), recording(url) as (proxy, seen):
         first = claude(agent_clients["claude"], proxy, tmp_path, *shrink)
         again = claude(agent_clients["claude"], proxy, tmp_path, *shrink)
         (path, body), _ = seen
@@ -179,7 +215,7 @@ def test_claude_code_completes_a_turn_with_the_servers_text_and_its_next_run_hit
     out, out_again = json.loads(first.stdout), json.loads(again.stdout)
     assert path == "/v1/messages?beta=true" and body["stream"] is True
     text = "".join(b["text"] for b in plain.json()["content"] if b["type"] == "text")
-    assert text.strip() and not out["is_error"] and out["result"] == text
+    assert text == ANSWER and not out["is_error"] and out["result"] == text
     assert out["usage"]["output_tokens"] == plain.json()["usage"]["output_tokens"]
     # The same prompt again, billing header and all: all but its last token come from the cache.
     assert out_again["result"] == text
@@ -188,8 +224,8 @@ def test_claude_code_completes_a_turn_with_the_servers_text_and_its_next_run_hit
 
 
 def test_codex_completes_a_turn_with_the_servers_text_and_its_next_run_hits_the_prompt_cache(
-        smollm2_engine, agent_clients, tmp_path):
-    with running(smollm2_engine, model_name="smollm2", api_key=KEY) as (url, _), recording(url) as (proxy, seen):
+        answering_engine, agent_clients, tmp_path):
+    with running(answering_engine, model_name="smollm2", api_key=KEY) as (url, _), recording(url) as (proxy, seen):
         events = codex(agent_clients["codex"], proxy, tmp_path)
         again = codex(agent_clients["codex"], proxy, tmp_path)
         (path, body), _ = seen
@@ -199,16 +235,16 @@ def test_codex_completes_a_turn_with_the_servers_text_and_its_next_run_hits_the_
     said = [e["item"]["text"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"]
     text = "".join(part["text"] for item in plain.json()["output"] if item["type"] == "message"
                    for part in item["content"] if part["type"] == "output_text")
-    assert text.strip() and said == [text]
+    assert text == ANSWER and said == [text]
     assert events[-1]["type"] == "turn.completed"
     assert events[-1]["usage"]["output_tokens"] == plain.json()["usage"]["output_tokens"]
     usage = again[-1]["usage"]
     assert again[-1]["type"] == "turn.completed" and usage["cached_input_tokens"] == usage["input_tokens"] - 1
 
 
-def test_claude_codes_full_size_request_is_a_400_that_names_the_overflow(smollm2_with_tools, agent_clients, tmp_path):
+def test_claude_codes_full_size_request_is_a_400_that_names_the_overflow(answering_engine, agent_clients, tmp_path):
     request = json.loads((AGENTS / "requests" / "claude_full.json").read_text())
-    with running(smollm2_with_tools, model_name="smollm2") as (url, _):
+    with running(answering_engine, model_name="smollm2") as (url, _):
         refused = httpx.post(f"{url}/v1/messages?beta=true", json=request, headers={"x-api-key": KEY}, timeout=60)
         client = claude(agent_clients["claude"], url, tmp_path)  # its own system prompt and tools
         after = httpx.post(f"{url}/v1/messages", json={"model": "m", "max_tokens": 4, "messages": [

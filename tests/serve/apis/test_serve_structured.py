@@ -324,20 +324,21 @@ def test_a_schema_the_parser_gives_up_on_fails_its_request_alone(demo, monkeypat
 
 
 @needs_smollm2
-def test_a_tool_call_after_an_earlier_one_is_the_same_speculating_or_not(smollm2):
+def test_a_tool_call_after_an_earlier_one_is_given_speculating(smollm2):
     # SmolLM2 calls get_weather again after an earlier call and its result: speculating, its
     # drafts copy the earlier call and its end-of-turn token past the grammar's end, and every
-    # such request failed ("the grammar refused emitted tokens"); with --draft 0 it gave the call.
-    url, plain = smollm2
+    # such request failed ("the grammar refused emitted tokens"); with --draft 0 it gave the call,
+    # the one asserted here (the plain server's prefill of this prompt alone is ~20 s on a CPU).
+    url, _ = smollm2
     call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
         "name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]}
     follow = [{"role": "user", "content": "What is the weather in Paris?"}, call,
               {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]
-    got = [client(u, timeout=120).chat.completions.create(model="smollm2", messages=follow, tools=TOOLS,
-                                                          max_tokens=60).choices[0] for u in (url, plain)]
-    calls = [[(c.function.name, json.loads(c.function.arguments)) for c in g.message.tool_calls] for g in got]
-    assert calls[0] == calls[1] == [("get_weather", {"city": "Paris"})]
-    assert got[0].finish_reason == got[1].finish_reason == "tool_calls"
+    got = client(url, timeout=120).chat.completions.create(model="smollm2", messages=follow, tools=TOOLS,
+                                                           max_tokens=60).choices[0]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in got.message.tool_calls] == [
+        ("get_weather", {"city": "Paris"})]
+    assert got.finish_reason == "tool_calls"
 
 
 UNANSWERABLE = {  # each compiles, and llguidance gave up on it, answered "" or broke the range
