@@ -38,10 +38,9 @@ def shared(relative: str) -> Path:
 # The files that take longest (most run the 4-bit SmolLM2, ~140 ms a position on a CPU), slowest
 # first: pytest-xdist hands out whole files in collection order, and one of these started last
 # left a worker idle for a minute of the suite.
-SLOWEST_FILES = ("engine/test_real_model.py", "serve/test_agent_clients.py", "serve/apis/test_serve_structured.py",
-                 "engine/load/test_distributed.py", "api/test_api.py", "cli/test_bad_input.py",
-                 "serve/apis/test_serve_anthropic.py", "cli/test_chat.py", "serve/apis/test_serve_ollama.py",
-                 "engine/decode/test_decode.py")
+SLOWEST_FILES = ("engine/load/test_distributed.py", "api/test_api.py", "engine/test_real_model.py", "cli/test_chat.py",
+                 "serve/apis/test_serve_structured.py", "serve/apis/test_serve_anthropic.py", "cli/test_bad_input.py",
+                 "serve/apis/test_serve_ollama.py", "engine/decode/test_decode.py", "serve/test_serve_models.py")
 
 
 def pytest_collection_modifyitems(items):
