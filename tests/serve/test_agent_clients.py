@@ -46,7 +46,7 @@ CLIENT_S = 300  # one client run, start to exit
 ANSWER = "Hello! How can I help you today?"
 OVERFLOW = re.compile(r"input length and `?max_tokens`? exceed context limit: (\d+) \+ (\d+) > (\d+)")
 
-pytestmark = needs_smollm2
+pytestmark = [needs_smollm2, pytest.mark.usefixtures("quick_calibration")]  # the curve is not checked here
 
 CODEX_CONFIG = """\
 model = "smollm2"
