@@ -6,7 +6,10 @@ model's 32 layers at hidden 128: a pass's fixed work weighs as on a GPU) or a mo
     OPENBLAS_NUM_THREADS=1 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \\
         python benchmarks/prefill_together.py [--model proxy|DIR] [--rounds 5]
 
-Prints, per (P, R), the median seconds of each way over alternating rounds and their ratio.
+Prints, per (P, R), the median seconds of each way over alternating rounds and their ratio;
+then 15 prompts of 60-180 tokens after a 30-token prefix each: in 15 passes, in one pass fed flat
+over the batch engine's ragged cache (engine/batch/slots.py's Flat, as a batched step is fed),
+and in one raw pass padded to the longest.
 """
 
 import argparse
@@ -14,19 +17,71 @@ import statistics
 import time
 
 import mlx.core as mx
+import numpy as np
 from accelerator import build
 from mlx_lm.models.cache import make_prompt_cache
 
 import specgen
+from specgen.engine.batch.cache import RaggedBatch
+from specgen.engine.batch.probe import probe
 
 
 def separately(model, rows: int, length: int) -> None:
     for r in range(rows):
-        mx.eval(model(mx.arange(length)[None] + r, cache=make_prompt_cache(model)))
+        _fill(model, mx.arange(length)[None] + r)
 
 
 def together(model, rows: int, length: int) -> None:
-    mx.eval(model(mx.arange(length)[None] + mx.arange(rows)[:, None], cache=make_prompt_cache(model)))
+    _fill(model, mx.arange(length)[None] + mx.arange(rows)[:, None])
+
+
+def _fill(model, tokens: mx.array) -> None:
+    """A prefill pass: the cache's entries evaluated, not the logits (no prompt token's is read)."""
+    cache = make_prompt_cache(model)
+    model(tokens, cache=cache)
+    mx.eval([c.state for c in cache])
+
+
+def ragged(model, rounds: int, rows: int = 15, prefix: int = 30) -> None:
+    """Prompts of unequal lengths after a shared prefix, as the batch engine would hold them."""
+    probe(model)  # attention by runs (attend.py), as a batch has it
+    lengths = [int(n) for n in np.random.default_rng(0).integers(60, 180, rows)]
+
+    def primed() -> list:
+        caches = [make_prompt_cache(model) for _ in range(rows)]
+        for c in caches:
+            model(mx.arange(prefix)[None] + 5, cache=c)
+        mx.eval([[x.state for x in c] for c in caches])
+        return caches
+
+    def apart(caches):
+        for r, c in enumerate(caches):
+            model(mx.arange(lengths[r])[None] + r, cache=c)
+            mx.eval([x.state for x in c])
+
+    def flat(caches):
+        batch = RaggedBatch(len(caches[0]), group=0)
+        fed, pieces = [0] * rows, [[]] * rows
+        for r, place in enumerate(batch.add(caches, [prefix] * rows)):
+            fed[place], pieces[place] = lengths[r], list(range(r, r + lengths[r]))
+        batch.begin(fed, flat=True)
+        x = mx.array([p + [0] * (max(fed) - len(p)) for p in pieces], mx.uint32)
+        model(x.reshape(-1)[batch.slots.flat.whole.take][:, None], cache=batch.layers)
+        mx.eval([c.buffers for c in batch.layers])
+
+    def padded(caches):
+        _fill(model, mx.arange(max(lengths))[None] + mx.arange(rows)[:, None])
+
+    times = {f: [] for f in (apart, flat, padded)}
+    for i in range(rounds + 1):
+        for f, seen in times.items():
+            caches = primed()
+            t = time.perf_counter()
+            f(caches)
+            if i:  # the first round warms up
+                seen.append(time.perf_counter() - t)
+    print(f"{rows} prompts of {min(lengths)}-{max(lengths)} tokens ({sum(lengths)} in all) after {prefix}: "
+          + ", ".join(f"{f.__name__} {statistics.median(v) * 1000:.0f} ms" for f, v in times.items()))
 
 
 def main() -> None:
@@ -48,6 +103,7 @@ def main() -> None:
             apart, joint = (statistics.median(times[f]) for f in (separately, together))
             print(f"{rows} prompts of {length} tokens: separately {apart * 1000:.0f} ms, together "
                   f"{joint * 1000:.0f} ms, {apart / joint:.2f}x")
+    ragged(model, a.rounds)
 
 
 if __name__ == "__main__":
