@@ -7,7 +7,7 @@ model's 32 layers at hidden 128: a pass's fixed work weighs as on a GPU) or a mo
         python benchmarks/prefill_together.py [--model proxy|DIR] [--rounds 5]
 
 Prints, per (P, R), the median seconds of each way over alternating rounds and their ratio;
-then 15 prompts of 60-180 tokens after a 30-token prefix each: in 15 passes, in one pass fed flat
+then 15 prompts of 60-180 tokens (`--equal`: 118) after a 30-token prefix each: in 15 passes, in one pass fed flat
 over the batch engine's ragged cache (engine/batch/slots.py's Flat, as a batched step is fed),
 and in one raw pass padded to the longest.
 """
@@ -42,10 +42,10 @@ def _fill(model, tokens: mx.array) -> None:
     mx.eval([c.state for c in cache])
 
 
-def ragged(model, rounds: int, rows: int = 15, prefix: int = 30) -> None:
-    """Prompts of unequal lengths after a shared prefix, as the batch engine would hold them."""
+def ragged(model, rounds: int, equal: bool, rows: int = 15, prefix: int = 30) -> None:
+    """Prompts of unequal lengths (or all 118) after a prefix each, as the batch engine holds them."""
     probe(model)  # attention by runs (attend.py), as a batch has it
-    lengths = [int(n) for n in np.random.default_rng(0).integers(60, 180, rows)]
+    lengths = [118] * rows if equal else [int(n) for n in np.random.default_rng(0).integers(60, 180, rows)]
 
     def primed() -> list:
         caches = [make_prompt_cache(model) for _ in range(rows)]
@@ -88,6 +88,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="proxy")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--equal", action="store_true", help="the last line's prompts all of 118 tokens")
     a = ap.parse_args()
     model = build("proxy", "float32", 49152).model if a.model == "proxy" else specgen.load(a.model)[0]
     for length in (32, 100, 250):
@@ -103,7 +104,7 @@ def main() -> None:
             apart, joint = (statistics.median(times[f]) for f in (separately, together))
             print(f"{rows} prompts of {length} tokens: separately {apart * 1000:.0f} ms, together "
                   f"{joint * 1000:.0f} ms, {apart / joint:.2f}x")
-    ragged(model, a.rounds)
+    ragged(model, a.rounds, a.equal)
 
 
 if __name__ == "__main__":
