@@ -7,9 +7,9 @@ model's 32 layers at hidden 128: a pass's fixed work weighs as on a GPU) or a mo
         python benchmarks/prefill_together.py [--model proxy|DIR] [--rounds 5]
 
 Prints, per (P, R), the median seconds of each way over alternating rounds and their ratio;
-then 15 prompts of 60-180 tokens (`--equal`: 118) after a 30-token prefix each: in 15 passes, in one pass fed flat
-over the batch engine's ragged cache (engine/batch/slots.py's Flat, as a batched step is fed),
-and in one raw pass padded to the longest.
+then 15 prompts of 60-180 tokens (`--equal`: 118) after a 30-token prefix each: in 15 passes,
+in one pass fed flat over the batch engine's ragged cache (engine/batch/slots.py's Flat, as a
+batched step is fed), and in one raw pass padded to the longest.
 """
 
 import argparse

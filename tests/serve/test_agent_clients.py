@@ -103,7 +103,6 @@ class Answering(nn.Module):
         super().__init__()
         assert len(set(script)) == len(script)
         self.args = SimpleNamespace(**config)  # SmolLM2's, so its 8K context
-        self.bias = mx.zeros((1,))
         following = np.full(vocab, script[0])
         following[script[:-1]] = script[1:]
         self.following = mx.array(following)
@@ -130,7 +129,8 @@ def answering_engine(tmp_path_factory) -> Engine:
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     model_config = json.loads((SMOLLM2 / "config.json").read_text())
     tokenizer = load_tokenizer(folder, eos_token_ids=model_config.get("eos_token_id"))
-    script = tokenizer.encode(ANSWER, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    script = tokenizer.encode(ANSWER, add_special_tokens=False) + [end]
     return Engine(registry.wrap(Answering(script, len(tokenizer.get_vocab()), model_config), tokenizer))
 
 
